@@ -1,0 +1,55 @@
+"""Kubernetes quantities and memory units.
+
+Pods write memory as Kubernetes quantities (``20Gi``, ``40G``, ``1.5Ti``); the catalogue keeps MiB.
+Parsing is exact (``Fraction``) so that ``0.5Gi`` is 512 MiB, not a float near it.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+from gpuslice.errors import RequestError
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": Fraction(1),
+            "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
+            "P": Fraction(10**15), "E": Fraction(10**18)}
+_QUANTITY = re.compile(r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:[eE]([+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$")
+
+MIB = 2**20
+
+
+def parse_quantity(value: object, *, what: str) -> Fraction:
+    """Parse a Kubernetes quantity (string or number) exactly; ``what`` names it in errors."""
+    if isinstance(value, bool):
+        raise RequestError(f"{what}: expected a quantity, got a boolean")
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, float):
+        return Fraction(str(value))
+    if not isinstance(value, str):
+        raise RequestError(f"{what}: expected a quantity such as '2' or '20Gi', got {type(value).__name__}")
+    text = value.strip()
+    match = _QUANTITY.match(text)
+    if match is None:
+        raise RequestError(f"{what}: {value!r} is not a Kubernetes quantity")
+    sign, number, exponent, suffix = match.groups()
+    amount = Fraction(number)
+    if exponent is not None:
+        amount *= Fraction(10) ** int(exponent)
+    elif suffix in _BINARY:
+        amount *= _BINARY[suffix]
+    else:
+        amount *= _DECIMAL[suffix or ""]
+    return -amount if sign == "-" else amount
+
+
+def quantity_to_mib(value: object, *, what: str) -> Fraction:
+    """A byte quantity as exact MiB."""
+    return parse_quantity(value, what=what) / MIB
+
+
+def format_mib(mib: float) -> str:
+    """Human-readable GiB for messages (``19.62 GiB``)."""
+    return f"{mib / 1024:.2f} GiB"

@@ -1,0 +1,1 @@
+"""Replaying workloads through the packing policies: the engine behind ``gpu-slice simulate``."""
