@@ -1,0 +1,1 @@
+from tests.fakeapi.fixtures import fake_api  # noqa: F401
