@@ -1,0 +1,1 @@
+"""Generated from protos/deviceplugin; do not edit."""

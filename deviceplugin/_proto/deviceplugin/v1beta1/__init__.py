@@ -1,0 +1,1 @@
+"""kubelet device plugin API v1beta1 (generated; do not edit)."""

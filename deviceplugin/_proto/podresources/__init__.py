@@ -1,0 +1,1 @@
+"""Generated from protos/podresources; do not edit."""
