@@ -1,0 +1,189 @@
+"""MPS client settings (pure) and daemon supervision against the stand-in daemon (real processes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deviceplugin.backend import HealthEvent
+from deviceplugin.errors import MpsError
+from deviceplugin.mps import (
+    CONTAINER_PIPE_DIR,
+    Mount,
+    MpsDaemon,
+    MpsOptions,
+    MpsSupervisor,
+    mps_client_settings,
+    pipe_dir,
+    standin_command,
+)
+from gpuslice.model import Gpu, MigInstance
+
+GPU = "GPU-11111111-2222-3333-4444-555555555555"
+
+
+def mps_gpu(slices: int = 7) -> Gpu:
+    return Gpu(GPU, 1, "H100-80GB", 81559, "mps", slices)
+
+
+def test_client_settings_limit_threads_and_memory_to_the_share() -> None:
+    envs, mounts = mps_client_settings(mps_gpu(), 2, "/run/gpu-slice/mps")
+    assert envs == {
+        "CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR,
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "28",  # floor(100*2/7)
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=23302M",  # floor(81559*2/7)
+    }
+    assert mounts == (Mount(CONTAINER_PIPE_DIR, f"/run/gpu-slice/mps/{GPU}/pipe"),
+                      Mount("/dev/shm", "/run/gpu-slice/mps/shm"))
+
+
+def test_client_settings_memory_only_and_whole_share_and_milli_gpu() -> None:
+    envs, _ = mps_client_settings(mps_gpu(), 7, "/r", "memory-only", shm_host_path="/dev/shm-mps")
+    assert envs == {"CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=81559M"}
+    envs, _ = mps_client_settings(mps_gpu(1000), 1, "/r")
+    assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "1"  # never 0: that would starve the client
+    assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=81M"
+
+
+@pytest.mark.parametrize(("gpu", "k", "mode", "message"), [
+    (mps_gpu(), 0, "threads-and-memory", f"GPU {GPU}: an MPS allocation takes 1..7 slices, got 0"),
+    (mps_gpu(), 8, "threads-and-memory", f"GPU {GPU}: an MPS allocation takes 1..7 slices, got 8"),
+    (mps_gpu(), 2, "threads", "MPS limits mode must be one of threads-and-memory, memory-only, got 'threads'"),
+    (Gpu(GPU, 0, "H100-80GB", 81559, "whole", 7), 1, "threads-and-memory",
+     f"GPU {GPU} is in whole mode; MPS client settings need an mps GPU"),
+    (Gpu(GPU, 0, "H100-80GB", 81559, "mig", 7, instances=(MigInstance("MIG-x", "7g.80gb", 0, 7, 81152),)), 1,
+     "threads-and-memory", f"GPU {GPU} is in mig mode; MPS client settings need an mps GPU"),
+])
+def test_client_settings_refusals(gpu: Gpu, k: int, mode: str, message: str) -> None:
+    with pytest.raises(MpsError) as exc:
+        mps_client_settings(gpu, k, "/r", mode)  # type: ignore[arg-type]
+    assert str(exc.value) == message
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "mps"
+
+
+def options(root: Path, **kw: object) -> MpsOptions:
+    base: dict[str, object] = {
+        "root": root, "control_command": standin_command(), "probe_timeout_s": 3.0, "probe_interval_s": 0.0,
+        "backoff_initial_s": 1.0, "tick_s": 0.05, "extra_env": {"GPU_SLICE_MPS_STANDIN_LIFETIME_S": "60"}}
+    base.update(kw)
+    return MpsOptions(**base)  # type: ignore[arg-type]
+
+
+def daemon_pid(root: Path, gpu: str = GPU) -> int:
+    return int((pipe_dir(root, gpu) / "standin.pid").read_text())
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "Z"
+
+
+@pytest.fixture
+def supervisor(root: Path) -> Iterator[MpsSupervisor]:
+    sup = MpsSupervisor(options(root))
+    yield sup
+    sup.close()
+
+
+def test_daemon_starts_with_its_own_dirs_env_and_default_percentage(root: Path) -> None:
+    daemon = MpsDaemon(GPU, options(root))
+    daemon.start()
+    try:
+        assert daemon.probe() is None
+        assert daemon.command("get_default_active_thread_percentage") == "100.0"
+        log = (root / GPU / "log" / "control.log").read_text()
+        assert f"CUDA_VISIBLE_DEVICES={GPU}" in log
+        assert "'set_default_active_thread_percentage 100'" in log
+    finally:
+        daemon.stop()
+    assert daemon.probe() is not None
+
+
+def test_killed_daemon_turns_unhealthy_then_is_restarted(root: Path, supervisor: MpsSupervisor) -> None:
+    supervisor.set_gpus([GPU])
+    assert supervisor.check_once() == [HealthEvent(GPU, True, "MPS daemon answering")]
+    assert supervisor.is_up(GPU)
+    first = daemon_pid(root)
+    os.kill(first, signal.SIGKILL)
+    down = supervisor.check_once()
+    assert len(down) == 1 and not down[0].healthy
+    assert down[0].reason.startswith(f"MPS daemon stopped answering: GPU {GPU}: MPS control answered "
+                                     "'get_default_active_thread_percentage' with exit 1: Cannot find MPS control")
+    assert not supervisor.is_up(GPU) and supervisor.status() == {GPU: False}
+    assert supervisor.check_once() == [HealthEvent(GPU, True, "MPS daemon answering")]
+    assert daemon_pid(root) != first
+
+
+def test_close_quits_every_daemon(root: Path) -> None:
+    sup = MpsSupervisor(options(root))
+    sup.set_gpus([GPU])
+    sup.check_once()
+    pid = daemon_pid(root)
+    sup.close()
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not alive(pid)
+    assert sup.status() == {}
+
+
+def test_failed_starts_back_off_exponentially(root: Path, tmp_path: Path) -> None:
+    counter = tmp_path / "starts"
+    script = ("import sys, pathlib\n"
+              "p = pathlib.Path(sys.argv[1])\n"
+              "if '-d' in sys.argv: p.write_text(p.read_text() + 'x' if p.exists() else 'x')\n"
+              "print('no GPU here', file=sys.stderr); sys.exit(3)\n")
+    now = [0.0]
+    sup = MpsSupervisor(options(root, control_command=(sys.executable, "-c", script, str(counter))),
+                        clock=lambda: now[0])
+    sup.set_gpus([GPU])
+    try:
+        events = sup.check_once()
+        assert events == [HealthEvent(GPU, False, f"MPS daemon not answering after start: GPU {GPU}: "
+                                                  "MPS control daemon exited 3: no GPU here")]
+        starts = []
+        for t in (0.5, 1.0, 2.9, 3.0, 6.9, 7.0):
+            now[0] = t
+            assert sup.check_once() == []  # still down: no repeated events
+            starts.append(len(counter.read_text()))
+        assert starts == [1, 2, 2, 3, 3, 4]  # retries at t=1, 3, 7: backoff 1, 2, 4 s
+    finally:
+        sup.close()
+
+
+def test_supervisor_thread_reports_loss_and_recovery(root: Path) -> None:
+    sup = MpsSupervisor(options(root))
+    events: list[HealthEvent] = []
+    sup.set_gpus([GPU])
+    sup.start(events.append)
+    try:
+        deadline = time.monotonic() + 10
+        while not events and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [e.healthy for e in events] == [True]
+        os.kill(daemon_pid(root), signal.SIGKILL)
+        while len(events) < 3 and time.monotonic() < deadline + 10:
+            time.sleep(0.02)
+        assert [e.healthy for e in events] == [True, False, True]
+    finally:
+        sup.close()
