@@ -31,7 +31,7 @@ class SliceId:
 
 def encode(owner: str, n: int) -> str:
     """Format an id; refuse owners or ordinals that would not decode back to the same pair."""
-    if not _OWNER.match(owner) or SEPARATOR in owner or ":" in owner:
+    if not _OWNER.fullmatch(owner) or SEPARATOR in owner or ":" in owner:
         raise DeviceIdError(f"device owner {owner!r} must be a GPU or MIG UUID without ':'")
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise DeviceIdError(f"slice ordinal must be a non-negative integer, got {n!r}")
@@ -50,9 +50,9 @@ def decode(text: str) -> SliceId:
     owner, sep, index = text.rpartition(SEPARATOR)
     if not sep:
         raise DeviceIdError(f"device id {text!r} is not of the form <uuid>::<n>")
-    if not _OWNER.match(owner) or ":" in owner:
+    if not _OWNER.fullmatch(owner) or ":" in owner:
         raise DeviceIdError(f"device id {text!r} has an invalid owner {owner!r}")
-    if not _INDEX.match(index):
+    if not _INDEX.fullmatch(index):
         raise DeviceIdError(f"device id {text!r} has an invalid slice ordinal {index!r}")
     return SliceId(owner, int(index))
 

@@ -50,11 +50,15 @@ class Gpu:
     healthy: bool = True
     cordoned: bool = False
     instances: tuple[MigInstance, ...] = ()
+    _ids: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.mode not in GPU_MODES:
             raise CatalogueError(f"GPU {self.uuid}: mode must be one of {', '.join(GPU_MODES)}, got {self.mode!r}")
         if self.mode == "mig":
+            owners = [self.uuid, *(i.uuid for i in self.instances)]
+            if len(set(owners)) != len(owners):
+                raise CatalogueError(f"GPU {self.uuid}: MIG instance UUIDs must be unique and differ from the GPU's")
             validate_mig_layout(self.product, self.instances, where=f"GPU {self.uuid}")
             total = sum(i.compute_slices for i in self.instances)
             if self.slices != total:
@@ -64,6 +68,12 @@ class Gpu:
                 raise CatalogueError(f"GPU {self.uuid}: MIG instances listed but mode is {self.mode}")
             if self.slices < 1:
                 raise CatalogueError(f"GPU {self.uuid}: slices must be at least 1, got {self.slices}")
+        # Ids are derived once: inventories ask for them on every allocation and every filter.
+        if self.mode == "mig":
+            derived = tuple(sid for inst in self.instances for sid in inst.slice_ids())
+        else:
+            derived = tuple(ids.encode(self.uuid, n) for n in range(self.slices))
+        object.__setattr__(self, "_ids", derived)
 
     @property
     def schedulable(self) -> bool:
@@ -72,9 +82,7 @@ class Gpu:
 
     def slice_ids(self) -> tuple[str, ...]:
         """Every id this GPU advertises, in a stable order."""
-        if self.mode == "mig":
-            return tuple(sid for inst in self.instances for sid in inst.slice_ids())
-        return tuple(ids.encode(self.uuid, n) for n in range(self.slices))
+        return self._ids
 
     def instance(self, uuid: str) -> MigInstance:
         for inst in self.instances:
@@ -128,8 +136,10 @@ class NodeInventory:
     node: str
     gpus: tuple[Gpu, ...]
     used: frozenset[str] = field(default=frozenset())
+    _all: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_all", frozenset(sid for gpu in self.gpus for sid in gpu.slice_ids()))
         seen: set[str] = set()
         for gpu in self.gpus:
             owners = {gpu.uuid, *(i.uuid for i in gpu.instances)}
@@ -144,7 +154,7 @@ class NodeInventory:
         return iter(self.gpus)
 
     def all_ids(self) -> frozenset[str]:
-        return frozenset(sid for gpu in self.gpus for sid in gpu.slice_ids())
+        return self._all
 
     def free_ids(self) -> frozenset[str]:
         """Ids a new placement may take: unused, on schedulable GPUs."""

@@ -95,19 +95,20 @@ def _mig(node: str, gpu: Gpu, used: frozenset[str], request: SliceRequest, tol: 
         reasons.append(f"GPU {gpu.index} has no MIG instance with {k} compute slices")
         return
     found = False
-    short = 0.0
+    short: tuple[float, str] | None = None
     for inst in matching:
         sids = inst.slice_ids()
         if any(s in used for s in sids):
             continue
         if not memory_fits(inst.memory_mib, request, tol):
-            short = max(short, inst.memory_mib)
+            if short is None or inst.memory_mib > short[0]:
+                short = (inst.memory_mib, inst.profile)
             continue
         found = True
         out.append(Placement(node, "mig", (gpu.uuid,), inst.uuid, sids, inst.memory_mib))
     if not found:
-        if short:
-            reasons.append(_memory_reason(gpu, f"MIG instance {matching[0].profile}", short, request))
+        if short is not None:
+            reasons.append(_memory_reason(gpu, f"MIG instance {short[1]}", short[0], request))
         else:
             reasons.append(f"every {k}-slice MIG instance on GPU {gpu.index} is in use")
 

@@ -50,11 +50,14 @@ class SliceRequest:
 
 def _container_count(container: Mapping[str, Any], where: str) -> int:
     """The container's integer slice count (0 when it asks for none)."""
-    resources = container.get("resources") or {}
+    resources = container.get("resources")
+    resources = {} if resources is None else resources
     if not isinstance(resources, Mapping):
         raise RequestError(f"{where}: resources must be an object")
-    requests = resources.get("requests") or {}
-    limits = resources.get("limits") or {}
+    requests = resources.get("requests")
+    limits = resources.get("limits")
+    requests = {} if requests is None else requests
+    limits = {} if limits is None else limits
     if not isinstance(requests, Mapping) or not isinstance(limits, Mapping):
         raise RequestError(f"{where}: resources.requests and resources.limits must be objects")
     req = requests.get(RESOURCE)

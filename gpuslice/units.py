@@ -6,6 +6,7 @@ Parsing is exact (``Fraction``) so that ``0.5Gi`` is 512 MiB, not a float near i
 
 from __future__ import annotations
 
+import math
 import re
 from fractions import Fraction
 
@@ -27,6 +28,8 @@ def parse_quantity(value: object, *, what: str) -> Fraction:
     if isinstance(value, int):
         return Fraction(value)
     if isinstance(value, float):
+        if not math.isfinite(value):
+            raise RequestError(f"{what}: {value!r} is not a finite quantity")
         return Fraction(str(value))
     if not isinstance(value, str):
         raise RequestError(f"{what}: expected a quantity such as '2' or '20Gi', got {type(value).__name__}")
