@@ -1,0 +1,514 @@
+"""The composition root: build the backend, pod cache, state, gRPC service, stamper and publishers,
+run them as tasks, and shut them down in order.
+
+Start-up order matters: the pod cache is synced (and kubelet's PodResources read once) before the
+plugin registers, so the first ``GetPreferredAllocation`` already sees every assignment; GPUs that
+another resource advertises are refused before they are ever advertised. Shutdown reverses it: stop
+answering kubelet (socket removed), then the background tasks, the watches, the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from deviceplugin._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from deviceplugin.allocate import Injector
+from deviceplugin.assignments import AssignmentBook, Candidate, pod_view
+from deviceplugin.backend import Backend, GpuTarget, HealthEvent
+from deviceplugin.coexistence import Refusal, find_refusals
+from deviceplugin.errors import KubeApiError, KubeUnavailable
+from deviceplugin.kube import KubeClient, Obj, Watcher, load_api_client
+from deviceplugin.metrics import PluginMetrics
+from deviceplugin.registration import Registrar
+from deviceplugin.server import DevicePluginServicer, PluginState
+from deviceplugin.settings import Settings
+from deviceplugin.stamping import PodResourcesClient, Stamper, admitted_ids
+from gpuslice.annotations import (
+    CORDON_KEY,
+    INVENTORY_KEY,
+    MODE_LABEL,
+    PRODUCT_LABEL,
+    encode_inventory,
+    parse_cordon,
+)
+from gpuslice.errors import GpuSliceError
+from gpuslice.model import Gpu, NodeInventory
+from gpuslice.placement import Placement
+
+log = logging.getLogger(__name__)
+
+
+def make_backend(settings: Settings) -> Backend:
+    """The backend the settings name (imported lazily: the NVML one needs nvidia-ml-py)."""
+    from deviceplugin.mps import MpsOptions, MpsSupervisor, standin_command
+
+    if settings.backend == "simulated":
+        from deviceplugin.simulated import SimulatedBackend, builtin_topology, load_topology
+
+        slices = settings.config.slices
+        topo = (load_topology(settings.topology, default_slices=slices) if settings.topology is not None
+                else builtin_topology(settings.node_name, default_slices=slices))
+        mps = MpsSupervisor(MpsOptions(root=settings.mps_dir, control_command=standin_command(),
+                                       probe_interval_s=1.0, backoff_initial_s=0.5, backoff_max_s=5.0,
+                                       tick_s=0.2))
+        return SimulatedBackend(topo, mps=mps)
+    from deviceplugin.nvml_backend import NvmlBackend
+
+    mps_real = None if settings.read_only else MpsSupervisor(MpsOptions(root=settings.mps_dir))
+    return NvmlBackend(default_target=GpuTarget(settings.config.modes.default, settings.config.slices),
+                       read_only=settings.read_only, mps=mps_real)
+
+
+def node_labels(gpus: tuple[Gpu, ...]) -> dict[str, str | None]:
+    """Mode and product labels: the single value, ``mixed`` when GPUs differ, removed with no GPUs."""
+    modes = {g.mode for g in gpus}
+    products = {g.product for g in gpus}
+    return {
+        MODE_LABEL: (modes.pop() if len(modes) == 1 else "mixed") if modes else None,
+        PRODUCT_LABEL: (products.pop() if len(products) == 1 else "mixed") if products else None,
+    }
+
+
+@dataclass
+class _Kube:
+    client: KubeClient
+    pods: Watcher
+    node: Watcher
+    node_uid: str = ""
+
+
+class DevicePluginApp:
+    """One device plugin process; ``run(stop)`` returns after an orderly shutdown."""
+
+    def __init__(self, settings: Settings, *, backend: Backend | None = None, api_client: Any | None = None,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.settings = settings
+        self.backend: Backend | None = backend
+        self._api_client = api_client
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = PluginMetrics(self.registry)
+        self.book: AssignmentBook | None = None
+        self.state: PluginState | None = None
+        self.registrar: Registrar | None = None
+        self.stamper: Stamper | None = None
+        self.servicer: DevicePluginServicer | None = None
+        self.kube: _Kube | None = None
+        self.podres = PodResourcesClient(settings.pod_resources_socket)
+        self.ready = asyncio.Event()
+        self.refusals: dict[str, Refusal] = {}
+        self.events_sent: list[tuple[str, str, str]] = []  # (object, reason, message), for logs and tests
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._publish = asyncio.Event()
+        self._published: tuple[str, dict[str, str | None]] | None = None
+        self._target_messages: list[str] = []
+        self._metrics_server: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._metrics_snapshot = NodeInventory(settings.node_name, ())
+
+    # ---------------------------------------------------------------- start-up
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Start everything, serve until ``stop`` is set, then shut down in order."""
+        try:
+            await self._start(stop)
+            await stop.wait()
+        finally:
+            await self._shutdown(stop)
+
+    async def _start(self, stop: asyncio.Event) -> None:
+        s = self.settings
+        self._loop = asyncio.get_running_loop()
+        if self.backend is None:
+            self.backend = await asyncio.to_thread(make_backend, s)
+        backend = self.backend
+        self.book = self._connect_kube()
+        state = PluginState(s.node_name, book=self.book, numa=s.numa_topology,
+                            numa_nodes=_numa_nodes(backend) if s.numa_topology else None)
+        self.state = state
+        if self.kube is not None:
+            await self._sync_kube(stop)
+        await self._read_admitted()
+        await self._discover(reconcile=True, quiet=True)
+        await self._check_coexistence()
+        state.listeners.append(self._on_state_change)
+        self._refresh_metrics_snapshot()
+        self.metrics.watch_inventory(self._metrics_inventory, lambda: dict(state.unhealthy))
+        self._start_metrics_server()
+        backend.watch_health(self._health_from_thread)
+        injector = Injector(mode=s.device_injection, cdi_vendor=s.cdi_vendor, cdi_class=s.cdi_class,
+                            mps_root=s.mps_dir, mps_memory_only=s.mps_memory_limit_only)
+        servicer = DevicePluginServicer(state, injector, metrics=self.metrics, on_allocate=self._on_allocate)
+        self.servicer = servicer
+        self.registrar = Registrar(
+            s.plugin_dir, s.endpoint, s.resource_name,
+            lambda server: pb_grpc.add_DevicePluginServicer_to_server(servicer, server),
+            kubelet_socket=s.kubelet_socket.name, poll_s=s.dir_poll_s, register_timeout_s=s.register_timeout_s,
+            on_registered=self._on_registered)
+        if self.kube is not None and self.book is not None:
+            self.stamper = Stamper(self.book, self.podres, s.resource_name,
+                                   write=self.kube.client.patch_pod_annotations, event=self._pod_event,
+                                   metrics=self.metrics, retries=s.stamp_retries,
+                                   backoff_s=s.stamp_backoff_s, resync_s=s.stamp_resync_s,
+                                   on_admitted=state.pods_changed)
+            self._tasks.append(asyncio.create_task(self.stamper.run(stop), name="stamper"))
+            self._publish.set()
+            self._tasks.append(asyncio.create_task(self._publisher(stop), name="inventory-publisher"))
+        self._tasks.append(asyncio.create_task(self.registrar.run(stop), name="registrar"))
+        self._tasks.append(asyncio.create_task(self._rediscover(stop), name="rediscover"))
+
+    def _connect_kube(self) -> AssignmentBook | None:
+        s = self.settings
+        if not s.use_kube:
+            log.warning("running without Kubernetes API access (--no-kube): assignments are not honoured, "
+                        "pods get a best-fit choice, no allocated stamps, no inventory annotation")
+            return None
+        api = self._api_client
+        if api is None:
+            try:
+                api = load_api_client(s.kubeconfig, timeout_s=s.kube_timeout_s)
+            except KubeUnavailable as exc:
+                log.warning("running without Kubernetes API access (%s): assignments are not honoured, "
+                            "pods get a best-fit choice, no allocated stamps, no inventory annotation", exc)
+                return None
+            self._api_client = api
+        client = KubeClient(api, s.node_name, timeout_s=s.kube_timeout_s)
+        self.kube = _Kube(client, client.pod_watcher(self._pods_listed, self._pod_event_from_thread),
+                          client.node_watcher(self._node_listed, self._node_event_from_thread))
+        return AssignmentBook(s.node_name)
+
+    async def _sync_kube(self, stop: asyncio.Event) -> None:
+        """List pods and the node before registering; retry (bounded backoff) until it works or stop."""
+        assert self.kube is not None
+        delay = 0.2
+        for watcher in (self.kube.pods, self.kube.node):
+            while True:
+                try:
+                    await asyncio.to_thread(watcher.sync)
+                    break
+                except KubeApiError as exc:
+                    log.warning("cannot list %s yet (%s); the plugin registers only after its cache has synced",
+                                watcher.what, exc)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), delay)
+                    if stop.is_set():
+                        return
+                    delay = min(delay * 2, 5.0)
+            watcher.start()
+        await asyncio.sleep(0)  # run the sync callbacks queued by the worker thread
+        log.info("pod cache synced: %d pods on node %s", len(self.book.pods) if self.book else 0,
+                 self.settings.node_name)
+
+    async def _read_admitted(self) -> None:
+        """What kubelet already gave (a plugin restart with running pods): those ids are not pending."""
+        if self.book is None or not self.settings.pod_resources_socket.exists():
+            return
+        try:
+            resp = await self.podres.list_pods()
+        except Exception as exc:  # grpc errors: kubelet may not be up yet
+            log.info("PodResources not readable at start-up (%s); stamps will catch up", exc)
+            return
+        self.book.set_admitted(admitted_ids(resp, self.settings.resource_name))
+
+    def _allocated(self) -> frozenset[str]:
+        """Ids in use or promised: admitted, stamped, locally allocated, or pending assignments."""
+        book = self.book
+        if book is None:
+            return frozenset()
+        ids_ = {i for v in book.admitted.values() for i in v}
+        ids_ |= {i for p in book.pods.values() if p.live for i in (p.allocated_ids or ())}
+        ids_ |= {i for p in book.pending() for i in (p.assignment_ids or ())}
+        ids_ |= {i for note in book.local for i in note}
+        return frozenset(ids_)
+
+    async def _discover(self, *, reconcile: bool = False, quiet: bool = False) -> None:
+        """Discover GPUs (and with ``reconcile``, bring them to the config's targets where idle)."""
+        backend, state, s = self.backend, self.state, self.settings
+        assert backend is not None and state is not None
+        if reconcile and s.config_file is not None:
+            gpus = await asyncio.to_thread(backend.discover)
+            targets = {}
+            for gpu in gpus:
+                try:
+                    targets[gpu.uuid] = GpuTarget(s.config.mode_for(gpu.product, gpu.uuid), s.config.slices)
+                except GpuSliceError as exc:
+                    log.error("%s", exc)
+            messages = await asyncio.to_thread(backend.apply_targets, targets, self._allocated())
+            if messages != self._target_messages:
+                for line in messages:
+                    log.info("layout: %s", line)
+                self._target_messages = messages
+        gpus = await asyncio.to_thread(backend.discover)
+        if state.set_gpus(gpus):
+            log.info("GPU layout: %s", ", ".join(f"{g.index}:{g.product}:{g.mode}(S={g.slices})" for g in state.gpus))
+        self._sync_health(quiet=quiet)
+
+    async def _check_coexistence(self) -> None:
+        """Refuse (for good, in this process) GPUs another resource advertises."""
+        state = self.state
+        assert state is not None
+        if not self.settings.pod_resources_socket.exists():
+            return
+        try:
+            allocatable = await self.podres.allocatable()
+        except Exception as exc:
+            log.info("PodResources GetAllocatableResources failed (%s); coexistence checked later", exc)
+            return
+        found = find_refusals(state.gpus, allocatable, self.settings.resource_name)
+        new = {u: r for u, r in found.items() if u not in self.refusals}
+        if not new:
+            return
+        self.refusals.update(new)
+        state.set_refused({u: r.message for u, r in self.refusals.items()})
+        for refusal in new.values():
+            log.warning("%s", refusal.message)
+            await self._node_event("GpuRefused", refusal.message, "Warning")
+
+    # ---------------------------------------------------------------- callbacks (loop thread)
+
+    def _call(self, fn: Any, *args: Any) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # loop closing
+                loop.call_soon_threadsafe(fn, *args)
+
+    def _pods_listed(self, items: list[Obj]) -> None:
+        self._call(self._apply_pod_list, items)
+
+    def _pod_event_from_thread(self, kind: str, obj: Obj) -> None:
+        self._call(self._apply_pod_event, kind, obj)
+
+    def _node_listed(self, items: list[Obj]) -> None:
+        if items:
+            self._call(self._apply_node, items[0])
+
+    def _node_event_from_thread(self, kind: str, obj: Obj) -> None:
+        if kind != "DELETED":
+            self._call(self._apply_node, obj)
+
+    def _apply_pod_list(self, items: list[Obj]) -> None:
+        if self.book is None or self.state is None:
+            return
+        self.book.replace_all(pod_view(obj, self.settings.node_name) for obj in items)
+        self.state.pods_changed()
+
+    def _apply_pod_event(self, kind: str, obj: Obj) -> None:
+        if self.book is None or self.state is None:
+            return
+        view = pod_view(obj, self.settings.node_name)
+        if kind == "DELETED" or view.node_name != self.settings.node_name:
+            self.book.remove(view.uid)
+        else:
+            self.book.upsert(view)
+        self.state.pods_changed()
+
+    def _apply_node(self, obj: Obj) -> None:
+        state = self.state
+        if state is None:
+            return
+        if self.kube is not None:
+            self.kube.node_uid = str((obj.get("metadata") or {}).get("uid", ""))
+        raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(CORDON_KEY)
+        try:
+            cordoned = parse_cordon(raw)
+        except GpuSliceError as exc:
+            log.warning("ignoring the node's cordon annotation: %s", exc)
+            return
+        known = {g.uuid for g in state.gpus}
+        unknown = cordoned - known
+        if unknown:
+            log.info("cordon lists GPUs not on this node: %s", sorted(unknown))
+        if state.set_cordoned(cordoned & known):
+            log.info("cordoned GPUs now: %s", sorted(cordoned & known) or "none")
+
+    def _health_from_thread(self, event: HealthEvent) -> None:
+        self._call(self._on_health, event)
+
+    def _on_health(self, event: HealthEvent) -> None:
+        log.log(logging.INFO if event.healthy else logging.WARNING, "GPU %s%s %s: %s", event.gpu_uuid,
+                f" instance {event.instance_uuid}" if event.instance_uuid else "",
+                "recovered" if event.healthy else "unhealthy", event.reason)
+        self._sync_health(event)
+
+    def _sync_health(self, event: HealthEvent | None = None, *, quiet: bool = False) -> None:
+        """Take the backend's full unhealthy map (events may arrive out of order) and report changes.
+
+        ``quiet`` (start-up) records the state without events: only transitions are reported.
+        """
+        state, backend = self.state, self.backend
+        if state is None or backend is None:
+            return
+        before = dict(state.unhealthy)
+        now = dict(backend.unhealthy())
+        if event is not None and not event.healthy:
+            now.setdefault(event.instance_uuid or event.gpu_uuid, event.reason)
+        state.set_unhealthy(now)
+        for gpu in state.gpus:
+            if gpu.mode == "mps":
+                self.metrics.set_mps_up(gpu.uuid, gpu.uuid not in now)
+        if quiet:
+            return
+        for owner in sorted(set(now) - set(before)):
+            self._spawn(self._node_event("GpuUnhealthy", f"{owner} is unhealthy: {now[owner]}; its slices are "
+                                                         f"advertised Unhealthy", "Warning"))
+        for owner in sorted(set(before) - set(now)):
+            self._spawn(self._node_event("GpuRecovered", f"{owner} is healthy again", "Normal"))
+
+    def _on_state_change(self, kind: str) -> None:
+        if kind in ("layout", "health", "cordon", "refused"):
+            self._publish.set()
+
+    def _on_allocate(self, placement: Placement, match: Candidate | None) -> None:
+        if match is None and self.book is not None and self.book.pending():
+            self.metrics.allocation_mismatch("allocate")
+        if self.stamper is not None:
+            self.stamper.nudge()
+
+    def _on_registered(self, ok: bool) -> None:
+        self.metrics.registration(ok)
+        if ok:
+            self.ready.set()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+
+    def _refresh_metrics_snapshot(self) -> None:
+        """The inventory with held ids as ``used``, computed on the loop for the scrape thread."""
+        if self.state is None:
+            return
+        inv = self.state.inventory()
+        self._metrics_snapshot = inv.with_used(self._allocated() & inv.all_ids())
+
+    def _metrics_inventory(self) -> NodeInventory:
+        """Read at scrape time on the metrics thread: only the last snapshot, never the live cache."""
+        return self._metrics_snapshot
+
+    # ---------------------------------------------------------------- events and publishing
+
+    async def _node_event(self, reason: str, message: str, type_: str) -> None:
+        self.events_sent.append((f"node/{self.settings.node_name}", reason, message))
+        if self.kube is None:
+            return
+        try:
+            await asyncio.to_thread(self.kube.client.create_event, kind="Node", name=self.settings.node_name,
+                                    namespace="", uid=self.kube.node_uid, reason=reason, message=message,
+                                    type_=type_)
+        except KubeApiError as exc:
+            log.warning("could not record event %s: %s", reason, exc)
+
+    async def _pod_event(self, namespace: str, name: str, uid: str, reason: str, message: str, type_: str) -> None:
+        self.events_sent.append((f"pod/{namespace}/{name}", reason, message))
+        if self.kube is None:
+            return
+        try:
+            await asyncio.to_thread(self.kube.client.create_event, kind="Pod", name=name, namespace=namespace,
+                                    uid=uid, reason=reason, message=message, type_=type_)
+        except KubeApiError as exc:
+            log.warning("could not record event %s on pod %s/%s: %s", reason, namespace, name, exc)
+
+    async def _publisher(self, stop: asyncio.Event) -> None:
+        """Patch the node's inventory annotation and labels when layout, health, cordon or refusals change."""
+        assert self.kube is not None and self.state is not None
+        delay = 0.2
+        while not stop.is_set():
+            waiter = asyncio.ensure_future(self._publish.wait())
+            stopper = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            stopper.cancel()
+            if stop.is_set():
+                return
+            self._publish.clear()
+            gpus = self.state.inventory().gpus
+            value = (encode_inventory(gpus), node_labels(gpus))
+            if value == self._published:
+                continue
+            try:
+                await asyncio.to_thread(self.kube.client.patch_node, {INVENTORY_KEY: value[0]}, value[1])
+            except KubeApiError as exc:
+                log.warning("publishing the node inventory failed (%s); retrying in %.1fs", exc, delay)
+                self._publish.set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            delay = 0.2
+            self._published = value
+            log.info("published node inventory: %d GPUs", len(gpus))
+
+    async def _rediscover(self, stop: asyncio.Event) -> None:
+        """Every ``rediscover_s`` the layout (a change shows within a second); every ``reconcile_s`` the
+        config targets (changes that waited may apply now) and coexistence. Also refreshes the
+        snapshot the metrics thread reads."""
+        loop = asyncio.get_running_loop()
+        next_reconcile = loop.time() + self.settings.reconcile_s
+        while not stop.is_set():
+            self._refresh_metrics_snapshot()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.rediscover_s)
+            if stop.is_set():
+                return
+            reconcile = loop.time() >= next_reconcile
+            try:
+                await self._discover(reconcile=reconcile)
+                if reconcile:
+                    next_reconcile = loop.time() + self.settings.reconcile_s
+                    await self._check_coexistence()
+            except GpuSliceError as exc:
+                log.error("rediscovery failed: %s", exc)
+
+    def _start_metrics_server(self) -> None:
+        port = self.settings.metrics_port
+        if not port:
+            return
+        from prometheus_client import start_http_server
+
+        self._metrics_server, _thread = start_http_server(port, addr=self.settings.metrics_address,
+                                                          registry=self.registry)
+        log.info("serving /metrics on %s:%d", self.settings.metrics_address, port)
+
+    # ---------------------------------------------------------------- shutdown
+
+    async def _shutdown(self, stop: asyncio.Event) -> None:
+        stop.set()
+        if self.servicer is not None:
+            self.servicer.stop_streams()
+        for task in list(self._tasks):
+            try:
+                await asyncio.wait_for(task, 10)
+            except (TimeoutError, asyncio.CancelledError):
+                task.cancel()
+            except Exception:
+                log.exception("task %s failed", task.get_name())
+        if self.registrar is not None:
+            await self.registrar.close()
+        if self.kube is not None:
+            await asyncio.gather(asyncio.to_thread(self.kube.pods.stop), asyncio.to_thread(self.kube.node.stop))
+        if self.backend is not None:
+            await asyncio.to_thread(self.backend.close)
+        await self.podres.close()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        if self._api_client is not None and hasattr(self._api_client, "close"):
+            with contextlib.suppress(Exception):
+                self._api_client.close()
+        log.info("device plugin stopped")
+
+
+def _numa_nodes(backend: Backend) -> Mapping[str, int]:
+    """GPU uuid -> NUMA node, when the backend can tell (``numa_nodes()``); otherwise none."""
+    fn = getattr(backend, "numa_nodes", None)
+    if fn is None:
+        log.warning("--numa-topology: backend %s reports no NUMA nodes; devices carry no topology", backend.name)
+        return {}
+    result: Mapping[str, int] = fn()
+    return result

@@ -1,0 +1,98 @@
+"""``gpu-slice device-plugin``: flags, settings, logging, signals.
+
+Flags default to ``None`` so ``settings.build`` can tell a given flag from a default and let flags
+override the config file. SIGTERM and SIGINT start an orderly shutdown (the DaemonSet's rolling
+update waits for it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from typing import Any
+
+from deviceplugin.errors import DevicePluginError, SettingsError
+from deviceplugin.settings import BACKENDS, INJECTIONS, build
+from gpuslice.errors import GpuSliceError
+
+log = logging.getLogger("deviceplugin")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The device plugin's flags (every default lives in ``Settings``)."""
+    parser.add_argument("--config", help="versioned config file (YAML): slices per GPU, modes, MPS limits")
+    parser.add_argument("--backend", choices=BACKENDS, help="GPU backend (default nvml)")
+    parser.add_argument("--topology", help="simulated backend: topology YAML (default: built-in two-H100 node)")
+    parser.add_argument("--plugin-dir", dest="plugin_dir",
+                        help="kubelet device plugin directory (default /var/lib/kubelet/device-plugins/)")
+    parser.add_argument("--endpoint", help="socket file name in the plugin directory (default gpu-slice.sock)")
+    parser.add_argument("--pod-resources-socket", dest="pod_resources_socket",
+                        help="kubelet PodResources socket (default /var/lib/kubelet/pod-resources/kubelet.sock)")
+    parser.add_argument("--node-name", dest="node_name", help="this node's name (default: $NODE_NAME)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
+    parser.add_argument("--no-kube", dest="use_kube", action="store_const", const=False, default=None,
+                        help="run without the Kubernetes API: no assignments honoured, no stamps or inventory")
+    parser.add_argument("--device-injection", dest="device_injection", choices=INJECTIONS,
+                        help="how devices reach containers: CDI names (default), NVIDIA volume mounts, or "
+                             "env only (NVIDIA_VISIBLE_DEVICES; pods can override it)")
+    parser.add_argument("--cdi-vendor", dest="cdi_vendor",
+                        help="CDI vendor: k8s.device-plugin.nvidia.com (default) or nvidia.com (nvidia-ctk specs)")
+    parser.add_argument("--numa-topology", dest="numa_topology", action="store_const", const=True, default=None,
+                        help="advertise NUMA topology (off by default: kubelet would then ignore preferences)")
+    parser.add_argument("--metrics-port", dest="metrics_port", type=int,
+                        help="port for /metrics (0 = off; default 9402)")
+    parser.add_argument("--metrics-address", dest="metrics_address", help="address for /metrics (default 0.0.0.0)")
+    parser.add_argument("--mps-root", dest="mps_root", help="host directory of the MPS daemons' pipes and shm")
+    parser.add_argument("--read-only", dest="read_only", action="store_const", const=True, default=None,
+                        help="nvml backend: never change modes or MIG layouts, only report")
+    parser.add_argument("--log-level", dest="log_level", default="INFO", help="logging level (default INFO)")
+
+
+def settings_from(args: argparse.Namespace) -> Any:
+    """Validated settings from parsed flags; ``SettingsError`` names the bad field."""
+    flags = {k: v for k, v in vars(args).items() if k not in ("log_level", "func", "command")}
+    return build(flags)
+
+
+async def _main(settings: Any) -> None:
+    from deviceplugin.app import DevicePluginApp
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await DevicePluginApp(settings).run(stop)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the plugin until SIGTERM; exit 2 for bad settings, 1 for a start-up failure."""
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = settings_from(args)
+    except SettingsError as exc:
+        log.error("invalid setting %s", exc)
+        return 2
+    try:
+        asyncio.run(_main(settings))
+    except (DevicePluginError, GpuSliceError) as exc:
+        log.error("device plugin failed: %s", exc)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (``python -m deviceplugin.cli``); ``gpu-slice device-plugin`` calls ``run``."""
+    parser = argparse.ArgumentParser(prog="gpu-slice device-plugin", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,77 @@
+"""ContainerAllocateResponse building: injection strategies, MIG vs MPS vs whole, sizing envs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deviceplugin.allocate import Injector, build_response, format_fraction
+from deviceplugin.assignments import check_placement
+from deviceplugin.simulated import builtin_topology, parse_topology
+from gpuslice.model import NodeInventory
+
+NODE = "node-a"
+TOPO = builtin_topology(NODE)
+MIG, MPS = TOPO.gpus
+INV = NodeInventory(NODE, TOPO.gpus)
+
+
+def test_cdi_names_the_mig_uuid_with_the_configured_vendor() -> None:
+    inst = MIG.instances[0]
+    placement = check_placement(INV, inst.slice_ids())
+    resp = build_response(placement, INV, Injector(mode="cdi", cdi_vendor="nvidia.com"))
+    assert [d.name for d in resp.cdi_devices] == [f"nvidia.com/gpu={inst.uuid}"]
+    assert "NVIDIA_VISIBLE_DEVICES" not in resp.envs
+    assert not resp.mounts
+    assert resp.envs["GPU_SLICE_COUNT"] == "2"
+    assert resp.envs["GPU_SLICE_FRACTION"] == "0.285714"
+    assert resp.envs["GPU_SLICE_MEMORY_BYTES"] == str(inst.memory_mib * 1024 * 1024)
+
+
+def test_volume_mounts_strategy_matches_nvidia_conventions() -> None:
+    placement = check_placement(INV, MIG.instances[3].slice_ids())
+    resp = build_response(placement, INV, Injector(mode="volume-mounts"))
+    assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
+    [mount] = list(resp.mounts)
+    assert mount.host_path == "/dev/null"
+    assert mount.container_path == f"/var/run/nvidia-container-devices/{MIG.instances[3].uuid}"
+    assert not resp.cdi_devices
+
+
+def test_env_only_strategy_lists_uuids() -> None:
+    placement = check_placement(INV, MPS.slice_ids()[:1])
+    resp = build_response(placement, INV, Injector(mode="env", mps_root=Path("/mps")))
+    assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == MPS.uuid
+
+
+def test_mps_placement_gets_pipe_shm_and_limits() -> None:
+    placement = check_placement(INV, MPS.slice_ids()[:3])
+    resp = build_response(placement, INV, Injector(mode="cdi", mps_root=Path("/run/mps")))
+    mounts = {m.container_path: m.host_path for m in resp.mounts}
+    pipe = resp.envs["CUDA_MPS_PIPE_DIRECTORY"]
+    assert mounts[pipe] == f"/run/mps/{MPS.uuid}/pipe"
+    assert mounts["/dev/shm"] == "/run/mps/shm"
+    assert resp.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "42"
+    assert resp.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={MPS.memory_mib * 3 // 7}M"
+    assert resp.envs["GPU_SLICE_MEMORY_BYTES"] == str((MPS.memory_mib * 3 // 7) << 20)
+    memory_only = build_response(placement, INV, Injector(mps_root=Path("/run/mps"), mps_memory_only=True))
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in memory_only.envs
+
+
+def test_whole_gpus_expose_each_gpu() -> None:
+    topo = parse_topology({"version": 1, "node": NODE, "gpus": [
+        {"product": "H100-80GB", "mode": "whole"}, {"product": "H100-80GB", "mode": "whole"}]})
+    inv = NodeInventory(NODE, topo.gpus)
+    ids = [sid for g in topo.gpus for sid in g.slice_ids()]
+    resp = build_response(check_placement(inv, ids), inv, Injector())
+    assert sorted(d.name for d in resp.cdi_devices) == sorted(
+        f"k8s.device-plugin.nvidia.com/gpu={g.uuid}" for g in topo.gpus)
+    assert resp.envs["GPU_SLICE_FRACTION"] == "2"
+    assert resp.envs["GPU_SLICE_COUNT"] == "14"
+
+
+def test_format_fraction() -> None:
+    from fractions import Fraction
+
+    assert format_fraction(Fraction(1, 2)) == "0.5"
+    assert format_fraction(Fraction(3, 7)) == "0.428571"
+    assert format_fraction(Fraction(1)) == "1"
