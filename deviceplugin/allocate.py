@@ -71,7 +71,7 @@ def build_response(placement: Placement, inventory: NodeInventory,
         gpu = inventory.gpu(placement.gpu)
         envs, mounts = mps_client_settings(
             gpu, len(placement.slice_ids), injector.mps_root,
-            "memory-only" if injector.mps_memory_only else "threads-and-memory")
+            "memory-only" if injector.mps_memory_only else "memory-and-threads")
         for key, value in envs.items():
             resp.envs[key] = value
         for mount in mounts:

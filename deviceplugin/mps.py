@@ -40,8 +40,8 @@ from gpuslice.model import Gpu
 
 log = logging.getLogger(__name__)
 
-LimitsMode = Literal["threads-and-memory", "memory-only"]
-LIMITS_MODES: tuple[str, ...] = ("threads-and-memory", "memory-only")
+LimitsMode = Literal["memory-and-threads", "memory-only"]
+LIMITS_MODES: tuple[str, ...] = ("memory-and-threads", "memory-only")
 CONTAINER_PIPE_DIR = "/run/gpu-slice/mps/pipe"
 """Where a client container sees its GPU's pipe directory (one MPS GPU per pod, so one fixed path)."""
 MAX_MPS_CLIENT_SLICES = 48
@@ -73,7 +73,7 @@ def mps_client_settings(
     gpu: Gpu,
     k: int,
     root: str | os.PathLike[str],
-    limits_mode: LimitsMode = "threads-and-memory",
+    limits_mode: LimitsMode = "memory-and-threads",
     *,
     container_pipe_dir: str = CONTAINER_PIPE_DIR,
     shm_host_path: str | os.PathLike[str] | None = None,
@@ -97,7 +97,7 @@ def mps_client_settings(
         "CUDA_MPS_PIPE_DIRECTORY": container_pipe_dir,
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={memory_mib}M",
     }
-    if limits_mode == "threads-and-memory":
+    if limits_mode == "memory-and-threads":
         envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, math.floor(100 * k / gpu.slices)))
     shm = Path(shm_host_path) if shm_host_path is not None else shm_dir(root)
     mounts = (

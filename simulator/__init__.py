@@ -1,1 +1,1 @@
-"""Replaying workloads through the packing policies: the engine behind ``gpu-slice simulate``."""
+"""``gpu-slice simulate``: replays workloads through the same decision code as the extender."""

@@ -52,13 +52,13 @@ def test_client_settings_memory_only_and_whole_share_and_milli_gpu() -> None:
 
 
 @pytest.mark.parametrize(("gpu", "k", "mode", "message"), [
-    (mps_gpu(), 0, "threads-and-memory", f"GPU {GPU}: an MPS allocation takes 1..7 slices, got 0"),
-    (mps_gpu(), 8, "threads-and-memory", f"GPU {GPU}: an MPS allocation takes 1..7 slices, got 8"),
-    (mps_gpu(), 2, "threads", "MPS limits mode must be one of threads-and-memory, memory-only, got 'threads'"),
-    (Gpu(GPU, 0, "H100-80GB", 81559, "whole", 7), 1, "threads-and-memory",
+    (mps_gpu(), 0, "memory-and-threads", f"GPU {GPU}: an MPS allocation takes 1..7 slices, got 0"),
+    (mps_gpu(), 8, "memory-and-threads", f"GPU {GPU}: an MPS allocation takes 1..7 slices, got 8"),
+    (mps_gpu(), 2, "threads", "MPS limits mode must be one of memory-and-threads, memory-only, got 'threads'"),
+    (Gpu(GPU, 0, "H100-80GB", 81559, "whole", 7), 1, "memory-and-threads",
      f"GPU {GPU} is in whole mode; MPS client settings need an mps GPU"),
     (Gpu(GPU, 0, "H100-80GB", 81559, "mig", 7, instances=(MigInstance("MIG-x", "7g.80gb", 0, 7, 81152),)), 1,
-     "threads-and-memory", f"GPU {GPU} is in mig mode; MPS client settings need an mps GPU"),
+     "memory-and-threads", f"GPU {GPU} is in mig mode; MPS client settings need an mps GPU"),
 ])
 def test_client_settings_refusals(gpu: Gpu, k: int, mode: str, message: str) -> None:
     with pytest.raises(MpsError) as exc:
