@@ -27,7 +27,6 @@ Reading the file is the services' job; this module only validates a mapping or Y
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Collection, Hashable, Mapping
 from typing import Any, Literal
 
@@ -46,36 +45,16 @@ MAX_SLICES_SIMULATOR = 1000  # milli-GPU, simulator only
 DEFAULT_SLICES = 7
 MAX_MEMORY_TOLERANCE = 0.2
 
-#: Policy names known to this build when ``gpuslice.policies.registry`` cannot be imported.
-FALLBACK_POLICY_NAMES: tuple[str, ...] = (
-    "fragmentation", "bestfit", "binpack", "spread", "random", "fgd", "dotprod", "gpuclustering",
-    "gpupacking", "utilization", "cost")
-
 _CONTEXT_MAX_SLICES = "max_slices"
 _CONTEXT_POLICIES = "policy_names"
 _SUBPATH = "subpath"  # error ctx key: a dict key below the field, appended to the error's path
 
 
-#: Policies that need live signals; the extender registers them at start-up, but every service
-#: (the device plugin too) must accept a config that names them.
-SERVICE_POLICY_NAMES: tuple[str, ...] = ("utilization", "cost")
-
-
 def registered_policy_names() -> tuple[str, ...]:
-    """Names from ``gpuslice.policies.registry`` plus the service policies, else the built-in list.
+    """The policy registry's names: the registry is the authority, so a listed but unbuilt policy never validates."""
+    from gpuslice.policies import registry
 
-    The registry is the authority (a policy that is listed but not implemented must not validate);
-    the fallback keeps config validation usable in builds without the policy package.
-    """
-    try:
-        registry = importlib.import_module("gpuslice.policies.registry")
-    except ImportError:
-        return FALLBACK_POLICY_NAMES
-    known = getattr(registry, "known", None)
-    if not callable(known):
-        return FALLBACK_POLICY_NAMES
-    names = [str(n) for n in known()]
-    return (*names, *(n for n in SERVICE_POLICY_NAMES if n not in names))
+    return registry.known()
 
 
 class _Strict(BaseModel):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from gpuslice.config import (
-    FALLBACK_POLICY_NAMES,
     MAX_SLICES_REAL,
     Config,
     default_config,
@@ -173,8 +172,7 @@ def test_policy_names_can_be_passed_in() -> None:
 
 def test_registry_names_include_service_policies() -> None:
     names = registered_policy_names()
-    assert {"utilization", "cost", "fragmentation"} <= set(names)
-    assert set(names) <= set(FALLBACK_POLICY_NAMES)
+    assert {"utilization", "cost", "fragmentation", "fgd", "bestfit"} <= set(names)
 
 
 def test_mig_default_reaching_a_non_mig_gpu_is_refused_at_use() -> None:

@@ -1,0 +1,1 @@
+"""Packing policies, one module each; :mod:`gpuslice.policies.registry` resolves names."""

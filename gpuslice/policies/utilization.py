@@ -1,0 +1,60 @@
+"""``utilization``: steer away from busy GPUs, by DCGM activity of the target GPU or MIG instance.
+
+LLM decoding is memory-bandwidth bound, so a unit's activity is the larger of its graphics-engine
+activity and its memory-bandwidth utilization (both 0..1). score = 1 - mean activity over the
+candidate's units. The signal lives in :class:`UtilizationMemory`, which the caller (extender
+signal refresher, simulator) updates; a unit whose sample is missing or older than ``max_age_s``
+scores 0.5, and with no fresh sample at all every candidate scores 0.5: stale data is neutral.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from gpuslice.packing.state import Candidates, ClusterState, PackRequest
+from gpuslice.policies.base import F64, BasePolicy, PolicyContext
+
+NEUTRAL = 0.5
+
+
+@dataclass(slots=True)
+class UtilizationMemory:
+    """Per-unit activity (0..1) and the time of its sample; ``now`` is set by the caller."""
+
+    activity: F64 = field(default_factory=lambda: np.zeros(0))
+    sampled_at: F64 = field(default_factory=lambda: np.zeros(0))
+    now: float = 0.0
+    max_age_s: float = 120.0
+
+    def update(self, units: NDArray[np.int64], activity: F64, at: float, n_units: int) -> None:
+        """Record samples for ``units`` taken at ``at`` (arrays grow to ``n_units`` + sentinel)."""
+        if self.activity.shape[0] < n_units + 1:
+            grow = n_units + 1 - self.activity.shape[0]
+            self.activity = np.concatenate([self.activity, np.zeros(grow)])
+            self.sampled_at = np.concatenate([self.sampled_at, np.full(grow, -np.inf)])
+        self.activity[units] = np.clip(activity, 0.0, 1.0)
+        self.sampled_at[units] = at
+
+
+class Utilization(BasePolicy):
+    name = "utilization"
+
+    def new_memory(self, ctx: PolicyContext) -> Any:
+        return UtilizationMemory()
+
+    def score(self, state: ClusterState, req: PackRequest, cands: Candidates, memory: Any) -> F64:
+        n = len(cands)
+        mem = memory if isinstance(memory, UtilizationMemory) else None
+        if n == 0 or mem is None or req.gpus == 0 or mem.activity.shape[0] <= state.n_units:
+            return np.full(n, NEUTRAL)
+        units = cands.units
+        fresh = (mem.now - mem.sampled_at[units]) <= mem.max_age_s
+        per_unit = np.where(fresh, 1.0 - mem.activity[units], NEUTRAL)
+        return np.asarray(np.clip(per_unit.mean(axis=1), 0.0, 1.0), dtype=np.float64)
+
+
+POLICY = Utilization()

@@ -1,0 +1,195 @@
+"""``gpu-slice simulate`` with no trace: the built-in LLM-serving day, one row per policy.
+
+What the columns mean (the same definitions for every policy):
+
+* ``placed``: pods bound during the day; ``pending``: pods that found no fitting slice when first
+  tried and went Pending (the cause is in the reasons below the table); ``never``: of those, pods
+  deleted (scale-down, end of day) before any slice freed up for them; ``pend-h``: pod-hours spent
+  Pending;
+* ``GPUs avg/peak``: GPUs holding at least one slice pod, time-averaged over the day and at peak;
+* ``frag %``: idle slices on GPUs in use / all slices of GPUs in use, time-averaged: capacity that
+  is paid for but stranded;
+* ``$/h avg/peak``: the price of nodes holding at least one GPU pod (spot or on-demand price of
+  their instance type), time-averaged: what the day costs when an autoscaler removes empty nodes.
+
+With several seeds every figure is the mean over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from simulator.llm.cluster import Cluster, build_cluster
+from simulator.llm.engine import Result, replay
+from simulator.llm.workload import Workload, generate
+
+DEFAULT_POLICY = "fragmentation"
+#: Compared when no policy is chosen: our default first, then every baseline.
+BASELINES: tuple[str, ...] = ("bestfit", "binpack", "spread", "random", "fgd", "dotprod", "gpuclustering",
+                              "gpupacking", "cost", "utilization")
+COLUMNS: tuple[str, ...] = ("policy", "placed", "pending", "never", "pend-h", "GPUs avg", "GPUs peak",
+                            "frag %", "$/h avg", "$/h peak")
+
+
+def policies_from(spec: str | Sequence[str] | None) -> list[str]:
+    """The policies to run. Unset or the CLI default alone means our default against every baseline;
+    otherwise a comma-separated list where ``a:0.7+b:0.3`` is one weighted policy."""
+    if spec is None or spec == DEFAULT_POLICY:
+        return [DEFAULT_POLICY, *BASELINES]
+    items = [spec] if isinstance(spec, str) else list(spec)
+    return [p.strip().replace("+", ",") for item in items for p in item.split(",") if p.strip()]
+
+
+def run_all(policies: Sequence[str], seeds: Sequence[int], *, cluster: Cluster | None = None,
+            margin: float = 0.0, workloads: dict[int, Workload] | None = None) -> list[Result]:
+    """Every policy on every seed; each seed's workload is generated once and shared."""
+    cluster = cluster or build_cluster()
+    results: list[Result] = []
+    for seed in seeds:
+        workload = (workloads or {}).get(seed) or generate(seed)
+        for policy in policies:
+            results.append(replay(cluster, workload, policy, margin=margin))
+    return results
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def summarise(results: Sequence[Result]) -> list[dict[str, Any]]:
+    """One row per policy (in first-seen order): means over seeds and the pooled top reasons."""
+    groups: dict[str, list[Result]] = {}
+    for r in results:
+        groups.setdefault(r.policy, []).append(r)
+    rows: list[dict[str, Any]] = []
+    for policy, rs in groups.items():
+        reasons: Counter[str] = Counter()
+        for r in rs:
+            reasons.update(r.reasons)
+        rows.append({
+            "policy": policy, "seeds": [r.seed for r in rs],
+            "placed": _mean([r.pods_placed for r in rs]), "pending": _mean([r.pods_pending for r in rs]),
+            "never": _mean([r.pods_never_placed for r in rs]), "pend-h": _mean([r.pending_pod_hours for r in rs]),
+            "GPUs avg": _mean([r.gpus_in_use_avg for r in rs]), "GPUs peak": _mean([r.gpus_in_use_peak for r in rs]),
+            "frag %": _mean([r.fragmentation_pct for r in rs]), "$/h avg": _mean([r.cost_per_hour for r in rs]),
+            "$/h peak": _mean([r.cost_peak for r in rs]), "created": _mean([r.pods_created for r in rs]),
+            "wall_s": sum(r.wall_s for r in rs), "leaked_slices": sum(r.leaked_slices for r in rs),
+            "top_reasons": reasons.most_common(3),
+        })
+    return rows
+
+
+def render(rows: Sequence[dict[str, Any]], *, cluster: Cluster, seeds: Sequence[int]) -> str:
+    """The readable table, the reasons per policy, and the verdict of the bar."""
+    widths = (28, 7, 7, 6, 7, 8, 9, 6, 8, 8)
+    lines = [
+        f"built-in LLM-serving day: {len(cluster.nodes)} nodes, {cluster.gpu_count} GPUs "
+        f"(${cluster.hourly_cost():,.0f}/h if all kept up), seeds {_seed_text(seeds)}"
+        + (f", {rows[0]['created']:.0f} pods created per day (mean)" if rows else ""),
+        "  ".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, w) in enumerate(zip(COLUMNS, widths,
+                                                                                      strict=True))),
+    ]
+    fmt = ("{:<28}", "{:>7.1f}", "{:>7.1f}", "{:>6.1f}", "{:>7.1f}", "{:>8.1f}", "{:>9.1f}", "{:>6.1f}",
+           "{:>8.0f}", "{:>8.0f}")
+    for row in rows:
+        lines.append("  ".join(f.format(row[c]) for f, c in zip(fmt, COLUMNS, strict=True)))
+    lines.append("")
+    lines.append("Pending for lack of a fitting slice, top reasons (pods, summed over seeds):")
+    for row in rows:
+        if not row["top_reasons"]:
+            lines.append(f"  {row['policy']}: none")
+            continue
+        lines.append(f"  {row['policy']}:")
+        lines.extend(f"    {n:>5}  {text}" for text, n in row["top_reasons"])
+    verdict = bar_verdict(rows)
+    if verdict:
+        lines.append("")
+        lines.append(verdict)
+    return "\n".join(lines)
+
+
+def bar_verdict(rows: Sequence[dict[str, Any]]) -> str:
+    """Whether ``fragmentation`` beats every other policy on pending, GPUs in use and $/hour."""
+    ours = next((r for r in rows if r["policy"] == DEFAULT_POLICY), None)
+    others = [r for r in rows if r["policy"] != DEFAULT_POLICY]
+    if ours is None or not others:
+        return ""
+    lost = [f"{r['policy']} ({c}: {r[c]:.1f} vs {ours[c]:.1f})" for r in others
+            for c in ("pending", "GPUs avg", "$/h avg") if r[c] <= ours[c]]
+    if not lost:
+        return "bar met: fragmentation has fewer Pending pods, fewer GPUs in use and lower $/h than every baseline"
+    return "bar NOT met: fragmentation is not strictly better than " + "; ".join(lost)
+
+
+def _seed_text(seeds: Sequence[int]) -> str:
+    s = list(seeds)
+    if len(s) > 2 and s == list(range(s[0], s[-1] + 1)):
+        return f"{s[0]}-{s[-1]}"
+    return ",".join(map(str, s))
+
+
+def write_plot(path: Path, results: Sequence[Result]) -> None:
+    """GPUs in use and $/h over the day, one line per policy (first seed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    first = results[0].seed if results else 0
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    for r in results:
+        if r.seed != first:
+            continue
+        hours = [p[0] for p in r.series]
+        ax1.plot(hours, [p[1] for p in r.series], label=r.policy)
+        ax2.plot(hours, [p[2] for p in r.series], label=r.policy)
+    ax1.set_ylabel("GPUs in use")
+    ax2.set_ylabel("$/hour of nodes in use")
+    ax2.set_xlabel("hour of the simulated day")
+    ax1.legend(fontsize=7, ncol=3)
+    ax1.set_title(f"built-in LLM-serving day, seed {first}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Entry point from ``simulator.cli.run`` when no trace is given."""
+    out = out or sys.stdout
+    policies = policies_from(getattr(args, "policy", None))
+    seeds = list(getattr(args, "seeds", None) or [42])
+    margin = float(getattr(args, "narrow_margin", 0.0) or 0.0)
+    started = time.perf_counter()
+    try:
+        results = run_all(policies, seeds, margin=margin)
+    except Exception as err:  # unknown policy names, bad weights: say which, exit 2
+        from gpuslice.errors import GpuSliceError
+
+        if isinstance(err, GpuSliceError):
+            print(f"gpu-slice simulate: {err}", file=sys.stderr)
+            return 2
+        raise
+    cluster = build_cluster()
+    rows = summarise(results)
+    print(render(rows, cluster=cluster, seeds=seeds), file=out)
+    print(f"\n{len(results)} runs in {time.perf_counter() - started:.1f} s", file=out)
+    json_path = getattr(args, "json", None)
+    if json_path:
+        doc = {"scenario": "builtin-llm", "nodes": len(cluster.nodes), "gpus": cluster.gpu_count,
+               "definitions": __doc__, "summary": rows, "runs": [r.as_dict() for r in results]}
+        text = json.dumps(doc, indent=2, default=str)
+        if str(json_path) == "-":
+            print(text, file=out)
+        else:
+            Path(json_path).write_text(text + "\n")
+    plot_path = getattr(args, "plot", None)
+    if plot_path:
+        write_plot(Path(plot_path), results)
+    return 0

@@ -1,0 +1,141 @@
+"""Replay of an openb-style trace through the same decision code the extender runs.
+
+Modes (one pod at a time, arrivals only, a pod that fails is dropped, as in the FGD artifact):
+
+* ``protocol``: what a real cluster does. kube-scheduler's CPU/memory fit and ``gpu_spec`` as a
+  GPU-product node affinity (:meth:`ClusterState.fit`); the extender's narrowed filter
+  (:func:`gpuslice.decision.narrowed_filter`, ties in the extender's own node order) reserves the
+  first node's best placement; ``/prioritize`` maps scores onto 0..10; kube-scheduler adds
+  ``weight`` x 10 x priority to its own plugin scores (constant by default: the profile disables
+  the CPU/memory spreading scorers; ``kube_scorer="least-allocated"`` models a default profile)
+  and breaks ties at random with the seed; ``/bind`` places the reserved placement or, if
+  kube-scheduler chose another node, that node's best placement.
+* ``wide``: the same without narrowing (the filter passes every feasible node): the cost of the
+  0..10 protocol with random ties.
+* ``ideal``: the raw float score's argmax (ties in the extender's node order), no protocol.
+* ``paper``: the research simulator's rules: ``int(100 * score)``, ties to a fixed per-seed
+  random node order, ``fgd`` with the offline target of the original trace.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from gpuslice.decision import (
+    NarrowConfig,
+    Reservations,
+    best_per_node,
+    kube_select,
+    narrowed_filter,
+    node_order,
+    paper_choice,
+    priority_scores,
+)
+from gpuslice.packing.state import ClusterState, PackRequest, enumerate_candidates
+from gpuslice.policies.base import PolicyContext
+from gpuslice.policies.registry import Weighted, resolve
+from simulator.openb import MILLI, OpenbNode, OpenbPod, build_state, to_request
+
+MODES = ("protocol", "wide", "ideal", "paper")
+F64 = NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    mode: str = "protocol"
+    slices: int = MILLI
+    narrow: NarrowConfig = field(default_factory=NarrowConfig)
+    extender_weight: int = 1
+    kube_scorer: str = "none"
+
+
+@dataclass(slots=True)
+class RunResult:
+    """One (policy, mode, seed) replay: per-pod arrived and allocated % and the totals."""
+
+    policy: str
+    mode: str
+    seed: int
+    arrived: F64
+    allocated: F64
+    placed: NDArray[np.bool_]
+    seconds: float
+
+    @property
+    def pods_placed(self) -> int:
+        return int(self.placed.sum())
+
+
+def _kube_scores(state: ClusterState, nodes: NDArray[np.int64], req: PackRequest, scorer: str) -> (
+        NDArray[np.int64] | None):
+    if scorer == "none":
+        return None
+    cpu = (state.node_cpu_free[nodes] - req.cpu_milli) / np.maximum(state.node_cpu_cap[nodes], 1)
+    mem = (state.node_mem_free[nodes] - req.memory_mib) / np.maximum(state.node_mem_cap[nodes], 1)
+    return np.floor(50.0 * (cpu + mem)).astype(np.int64)
+
+
+def simulate(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], policy: str | Weighted, seed: int,
+             options: EngineOptions, *, trace: Sequence[OpenbPod] | None = None,
+             progress: Callable[[int, int], None] | None = None) -> RunResult:
+    """Replay ``pods`` (already inflated) in order; ``trace`` is the original trace (FGD's offline target)."""
+    started = time.perf_counter()
+    if options.mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}")
+    pol = resolve(policy) if isinstance(policy, str) else policy
+    state = build_state(nodes, options.slices)
+    reqs = [to_request(p, options.slices) for p in pods]
+    base = trace if trace is not None else pods
+    memory = pol.new_memory(PolicyContext(seed, [to_request(p, options.slices) for p in base]))
+    paper_rank = np.empty(state.n_nodes, dtype=np.int64)
+    paper_rank[np.random.default_rng(seed).permutation(state.n_nodes)] = np.arange(state.n_nodes)
+    ext_rank = node_order(state.node_names)
+    kube_rng = np.random.default_rng(seed + 104729)
+    reservations = Reservations()
+    total = float(state.total_slices)
+    demand = np.array([r.total_slices for r in reqs], dtype=np.float64)
+    arrived = np.cumsum(demand) / total * 100.0
+    allocated = np.zeros(len(reqs))
+    placed = np.zeros(len(reqs), dtype=bool)
+    mode = options.mode
+    for i, req in enumerate(reqs):
+        pol.observe(memory, req)
+        fit = state.fit(req)
+        cands = enumerate_candidates(state, req, fit)
+        if len(cands):
+            score = pol.score(state, req, cands, memory)
+            if mode == "paper":
+                c = paper_choice(cands, score, pol.secondary(state, req, cands, memory), paper_rank)
+            else:
+                best = best_per_node(cands, score, pol.secondary(state, req, cands, memory))
+                if mode == "ideal":
+                    c = int(best.index[np.lexsort((ext_rank[best.node], -best.score))[0]])
+                else:
+                    shown = narrowed_filter(best, ext_rank, options.narrow) if mode == "protocol" else best
+                    if mode == "protocol":
+                        first = int(shown.index[0])
+                        reservations.reserve(state, req, int(cands.node[first]), cands.units[first].tolist(), i)
+                    prio = priority_scores(shown.score, ranked=mode == "protocol")
+                    kube = _kube_scores(state, shown.node, req, options.kube_scorer)
+                    pick = kube_select(prio * 10, options.extender_weight, kube, kube_rng)
+                    c = int(shown.index[pick])
+                    if mode == "protocol":
+                        held = reservations.held[req.uid]
+                        if held.node == int(cands.node[c]):
+                            reservations.bind(req.uid)
+                            c = -2  # already applied by the reservation
+                        else:
+                            reservations.release(state, req.uid)
+            if c >= 0:
+                state.take(int(cands.node[c]), cands.units[c].tolist(), req.slices, req.cpu_milli,
+                           req.memory_mib, req.owner)
+            placed[i] = c != -1
+        allocated[i] = state.allocated_slices / total * 100.0
+        if progress is not None and (i % 256 == 0 or i == len(reqs) - 1):
+            progress(i + 1, len(reqs))
+    return RunResult(pol.name, mode, seed, arrived, allocated, placed, time.perf_counter() - started)

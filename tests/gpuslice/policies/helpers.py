@@ -1,0 +1,14 @@
+"""Tiny hand-built clusters for policy tests."""
+
+from __future__ import annotations
+
+from gpuslice.packing.state import KIND_MPS, ClusterState, NodeSpec, UnitSpec
+
+
+def cluster(free: list[list[int]], *, cpu: int = 64000, products: list[str] | None = None,
+            slices: int = 1000, cpus: list[int] | None = None) -> ClusterState:
+    """One node per inner list, one MPS unit per entry with that many free slices."""
+    nodes = [NodeSpec(f"n{i}", (cpus or [cpu] * len(free))[i], 256000, (products or ["G2"] * len(free))[i])
+             for i in range(len(free))]
+    units = [UnitSpec(i, g, KIND_MPS, slices, free=f) for i, row in enumerate(free) for g, f in enumerate(row)]
+    return ClusterState(nodes, units, slices_per_gpu=slices, allow_mps_multi=True)

@@ -1,0 +1,61 @@
+"""``gpu-slice simulate`` arguments, outputs and errors."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from simulator.cli import add_arguments, parse_seeds, run
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(argv)
+
+
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
+        f"n{i},32000,128000,{2 if i % 2 else 4},{'T4' if i % 2 else 'G2'}\n" for i in range(12)))
+    pods = tmp_path / "openb_pod_list_tiny.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + "".join(
+        f"p{i},2000,4000,{1 if i % 5 else 2},{(300 + 100 * (i % 4)) if i % 5 and i % 3 else 1000}\n"
+        for i in range(30)))
+    return nodes, pods
+
+
+def test_seed_ranges() -> None:
+    assert parse_seeds("42-44,50") == [42, 43, 44, 50]
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_seeds("x")
+
+
+def test_run_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes, pods = files(tmp_path)
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    args = parse(["--nodes", str(nodes), "--pods", str(pods), "--policy", "fragmentation,fgd,bestfit",
+                  "--seeds", "1-2", "--mode", "all", "--json", str(out), "--plot", str(png), "--slices", "100"])
+    assert run(args) == 0
+    data = json.loads(out.read_text())
+    assert len(data["runs"]) == 3 * 2 * 3
+    for key in ("unallocated_gpu_pct_at_100", "unallocated_gpu_pct_at_130", "first_failure_arrived_pct",
+                "pods_placed", "seconds", "policy", "seed", "mode", "trace"):
+        assert key in data["runs"][0]
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    text = capsys.readouterr().out
+    assert "unalloc@100" in text and "tiny" in text and "\r" not in text  # no progress bar off a TTY
+
+
+def test_weighted_policy_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes, pods = files(tmp_path)
+    assert run(parse(["--nodes", str(nodes), "--pods", str(pods), "--policy", "bestfit:0.7+spread:0.3"])) == 0
+    assert run(parse(["--nodes", str(nodes), "--pods", str(pods), "--policy", "tetris"])) == 2
+    assert "known policies" in capsys.readouterr().err
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,zz\n")
+    assert run(parse(["--nodes", str(nodes), "--pods", str(bad)])) == 2
+    assert "line 2" in capsys.readouterr().err
