@@ -72,8 +72,8 @@ def memory_fits(available_mib: float, request: SliceRequest, tolerance: float) -
 
 
 def isolation_allows(mode: GpuMode, request: SliceRequest) -> bool:
-    """``mig`` and ``mps`` pin the GPU mode; a whole GPU is unshared, so it satisfies either."""
-    return request.isolation == "any" or mode == "whole" or mode == request.isolation
+    """``mig`` and ``mps`` pin the GPU mode (the packing state applies the same rule); ``any`` takes all."""
+    return request.isolation == "any" or mode == request.isolation
 
 
 def _memory_reason(gpu: Gpu, what: str, available: float, request: SliceRequest) -> str:

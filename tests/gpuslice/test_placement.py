@@ -179,3 +179,12 @@ def test_every_placement_is_free_and_valid(inv: NodeInventory, k: int, memory: i
             assert set(p.slice_ids) == {s for g in gpus for s in g.slice_ids()}
         assert suits(p, request, inv)
         inv.allocate(p.slice_ids)  # must not raise: ids free and known
+
+
+def test_isolation_pins_the_mode_even_for_whole_gpus() -> None:
+    whole = Gpu("GPU-w", 0, "H100-80GB", 81559, "whole", 7)
+    inv = NodeInventory("n", (whole,))
+    result = enumerate_placements(inv, SliceRequest(7, isolation="mig"))
+    assert not result.feasible
+    assert result.reason() == "GPU 0 is in whole mode, pod asks mig isolation"
+    assert enumerate_placements(inv, SliceRequest(7)).feasible
