@@ -1,7 +1,8 @@
 """Benchmark: the built-in LLM-serving day, every policy, seeds 42-51 (DESIGN 7, second bar).
 
-Prints the per-policy table (means over seeds), how many seeds ``fragmentation`` wins against each
-baseline on Pending pods, GPUs in use and $/hour, and the seconds taken. Run from the repository:
+Prints the per-policy table (means over seeds), how many seeds the default mix
+(``gpuslice.config.DEFAULT_POLICIES``) wins against each other policy on Pending pods, GPUs in use
+and $/hour, and the seconds taken. Run from the repository:
 ``.venv/bin/python bench/bench_builtin.py [--seeds 42-51] [--policy a,b]``.
 """
 
@@ -37,8 +38,8 @@ def main() -> int:
     print(builtin.render(builtin.summarise(results), cluster=cluster, seeds=seeds))
     ours = {r.seed: r for r in results if r.policy == builtin.DEFAULT_POLICY}
     if ours:
-        print("\nseeds where fragmentation is strictly better (pending / GPUs avg / $/h avg):")
-        for policy in policies[1:]:
+        print(f"\nseeds where {builtin.DEFAULT_LABEL} is strictly better (pending / GPUs avg / $/h avg):")
+        for policy in [p for p in policies if p != builtin.DEFAULT_POLICY]:
             rs = [r for r in results if r.policy == policy]
             wins = [sum(getattr(ours[r.seed], f) < getattr(r, f) for r in rs)
                     for f in ("pods_pending", "gpus_in_use_avg", "cost_per_hour")]

@@ -16,7 +16,7 @@ Reading the file is the services' job; this module only validates a mapping or Y
     mpsLimits: memory-and-threads  # or memory-only
     memoryTolerance: 0.03          # 0..0.2
     isolationDefault: any          # mig | mps | any
-    policies: [{name: fragmentation, weight: 1}]
+    policies: [{name: fragmentation, weight: 1}, {name: cost, weight: 1}]   # the default
     narrowing: {margin: 0.0}
     reservationTTLSeconds: 60
     ownerSpread: true
@@ -156,8 +156,20 @@ def _check_price(price: float, where: str) -> None:
                                   {"price": price, _SUBPATH: where})
 
 
+#: The default scoring, the one place it is chosen: FGD-style packing against the online target
+#: (memory- and isolation-aware, MIG GPUs consolidated) plus ``cost`` (cheap capacity, nodes already
+#: paid for). Without prices ``cost`` has no signal and the mix scores exactly as ``fragmentation``
+#: alone (``gpuslice.policies.registry``). Measured on the built-in LLM day: bench/bench_builtin.py.
+DEFAULT_POLICIES: tuple[tuple[str, float], ...] = (("fragmentation", 1.0), ("cost", 1.0))
+
+
+def default_policy_spec() -> str:
+    """The default policies as a registry spec, e.g. ``fragmentation:1,cost:1``."""
+    return ",".join(f"{name}:{weight:g}" for name, weight in DEFAULT_POLICIES)
+
+
 def _default_policies() -> list[PolicyWeight]:
-    return [PolicyWeight.model_construct(name="fragmentation", weight=1.0)]
+    return [PolicyWeight.model_construct(name=name, weight=weight) for name, weight in DEFAULT_POLICIES]
 
 
 class Config(_Strict):

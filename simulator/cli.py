@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from gpuslice.config import default_policy_spec
 from gpuslice.decision import NarrowConfig
 from gpuslice.errors import GpuSliceError
 from gpuslice.policies.registry import resolve
@@ -55,8 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="pod list CSV (11- or 5-column openb format); repeat for several traces")
     g.add_argument("--trace-dir", type=Path, help="a folder of openb files; with --traces, names like default,cpu050")
     g.add_argument("--traces", default="", help="trace names under --trace-dir (openb_pod_list_NAME.csv)")
-    parser.add_argument("--policy", default="fragmentation",
-                        help="policy name(s), comma-separated, or weighted 'a:0.7+b:0.3'; "
+    parser.add_argument("--policy", default=None,
+                        help="policy name(s), comma-separated, or weighted 'a:0.7+b:0.3'; default: the "
+                             "config's default mix (built-in scenario: that mix against every baseline); "
                              "e.g. fragmentation,fgd,bestfit")
     parser.add_argument("--seeds", type=parse_seeds, default=[42], help="e.g. 42-51 (default 42)")
     parser.add_argument("--inflate", type=float, default=1.3, help="tune ratio of the FGD artifact (default 1.3)")
@@ -118,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpu-slice simulate: --slices must be 1..{MILLI}", file=sys.stderr)
         return 2
     try:
-        policies = _policies(args.policy)
+        policies = _policies(args.policy or default_policy_spec().replace(",", "+"))
         narrow = NarrowConfig(args.narrow_margin, args.narrow_max_nodes)
         nodes_path, traces = _trace_files(args)
         if not traces:

@@ -9,10 +9,21 @@ For a node and a target pod shape m = (CPU c, slices k per GPU, GPUs n, allowed 
 A node's fragmentation is the expectation over the target distribution p. Placing a pod only
 changes its node's term, so a candidate's score needs F(node after) - F(node before).
 
+Two acceptance rules. The paper's (``fgd``, memory-blind): a unit accepts k when it has k free
+slices and is MPS or has capacity k; a shape is keyed by (CPU, k, GPUs, products). The
+*slice-model* rule (``TargetWorkload(aware=True)``, used by ``fragmentation``) mirrors
+:meth:`ClusterState.unit_accepts`: a shape also carries its GPU-memory floor and isolation, and a
+unit accepts it only if the memory it would get (k/S of an MPS GPU, the whole instance or GPU
+otherwise) meets the floor, the isolation allows the unit's kind, MIG instances by exact size, and
+multi-GPU shapes only completely free whole GPUs (or MPS GPUs where the state allows it). So a
+whole L4 is fragment for a 70B pod, and a 1g.10gb instance for an 18 GiB pod. With no floors and
+no isolation (the openb traces) both rules give the same numbers.
+
 Costs: the per-node before-values are refreshed only for nodes whose ``node_version`` moved; the
 after-values of every (slot, pod shape) are cached the same way and dropped whenever the target
-distribution is re-read. Acceptance depends on k only, so units are tested against the distinct k
-values of the targets (22 on the openb traces) rather than against every shape (up to 285).
+distribution is re-read. Acceptance depends on (k, memory floor, isolation, multi-GPU) only, so
+units are tested against the distinct such *tests* of the targets (22 on the openb traces) rather
+than against every shape (up to 285).
 """
 
 from __future__ import annotations
@@ -23,13 +34,18 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from gpuslice.packing.state import KIND_MPS, Candidates, ClusterState, PackRequest
+from gpuslice.packing.state import KIND_MIG, KIND_MPS, KIND_WHOLE, Candidates, ClusterState, PackRequest
 
 I64 = NDArray[np.int64]
 F64 = NDArray[np.float64]
 B = NDArray[np.bool_]
 
-ShapeKey = tuple[int, int, int, frozenset[str] | None]
+#: (CPU, slices per GPU, GPUs, products, GPU-memory floor MiB, isolation); the last two are 0 and
+#: "any" for the paper's memory-blind rule.
+ShapeKey = tuple[int, int, int, frozenset[str] | None, int, str]
+
+ISOLATION_CODES = {"any": 0, "mig": 1, "mps": 2}
+MEMORY_TOLERANCE = 0.03  # as ClusterState.unit_accepts
 
 
 @dataclass(slots=True)
@@ -37,14 +53,22 @@ class TargetWorkload:
     """Counts of pod shapes seen (or given), the input of the target distribution.
 
     ``observe`` is how the online learner grows; ``offline`` reproduces FGD's table (most frequent
-    shapes first until ``coverage`` of the pods are covered).
+    shapes first until ``coverage`` of the pods are covered). ``aware``: shapes keep their GPU-memory
+    floor and isolation (the slice-model rule, see the module docstring).
     """
 
     counts: dict[ShapeKey, int] = field(default_factory=dict)
     seen: int = 0
+    aware: bool = False
+
+    def key(self, req: PackRequest) -> ShapeKey:
+        c, k, g, prods = req.shape
+        if self.aware and g:
+            return (c, k, g, prods, req.gpu_memory_mib, req.isolation)
+        return (c, k, g, prods, 0, "any")
 
     def observe(self, req: PackRequest) -> None:
-        key = req.shape
+        key = self.key(req)
         self.counts[key] = self.counts.get(key, 0) + 1
         self.seen += 1
 
@@ -78,6 +102,41 @@ class TargetWorkload:
 
 
 @dataclass(slots=True)
+class Tests:
+    """The distinct unit tests of a target distribution: slices k, memory floor, isolation, multi-GPU.
+
+    ``aware`` False is the paper's memory-blind rule (floors 0, isolation any, multi ignored).
+    """
+
+    kvals: I64
+    mem: I64
+    iso: I64
+    multi: B
+    aware: bool = False
+    mps_multi: bool = False
+
+    def __len__(self) -> int:
+        return int(self.kvals.shape[0])
+
+
+def accepts(free: I64, kind: I64, cap: I64, mem: I64, t: Tests) -> B:
+    """(..., T): whether each unit (free slices, kind, capacity, memory) passes every test."""
+    f = free[..., None]
+    kd = kind[..., None]
+    cp = cap[..., None]
+    if not t.aware:
+        return np.asarray((f >= t.kvals) & (f > 0) & ((kd == KIND_MPS) | (cp == t.kvals)), dtype=bool)
+    single = (f >= t.kvals) & (f > 0) & ((kd == KIND_MPS) | (cp == t.kvals))
+    multi_kind = (kd == KIND_WHOLE) | ((kd == KIND_MPS) & t.mps_multi)
+    multi = multi_kind & (cp == t.kvals) & (f == t.kvals)
+    ok = np.where(t.multi, multi, single)
+    ok &= (t.iso == 0) | ((t.iso == 1) & (kd == KIND_MIG)) | ((t.iso == 2) & (kd == KIND_MPS))
+    share = np.where(kd == KIND_MPS, mem[..., None] * t.kvals / np.maximum(cp, 1), mem[..., None])
+    ok &= share >= t.mem * (1.0 - MEMORY_TOLERANCE)
+    return np.asarray(ok, dtype=bool)
+
+
+@dataclass(slots=True)
 class TargetShapes:
     """The target distribution as arrays against one state's product table."""
 
@@ -86,12 +145,16 @@ class TargetShapes:
     gpus: I64
     prod_ok: B  # products x M
     p: F64
-    kvals: I64  # distinct slices values
-    kidx: I64  # M -> index into kvals
+    tests: Tests  # distinct unit tests
+    kidx: I64  # M -> index into the tests
+
+    @property
+    def kvals(self) -> I64:
+        return self.tests.kvals
 
     @classmethod
     def build(cls, workload: TargetWorkload, products: tuple[str, ...]) -> TargetShapes:
-        keys = sorted(workload.counts, key=lambda k: (k[2], k[1], k[0], sorted(k[3] or ())))
+        keys = sorted(workload.counts, key=lambda k: (k[2], k[1], k[0], sorted(k[3] or ()), k[4], k[5]))
         m = len(keys)
         cpu = np.array([k[0] for k in keys], dtype=np.int64)
         slices = np.array([k[1] for k in keys], dtype=np.int64)
@@ -102,20 +165,24 @@ class TargetShapes:
                 prod_ok[:, j] = [p in k[3] for p in products]
         n = np.array([workload.counts[k] for k in keys], dtype=np.float64)
         p = n / n.sum() if m else n
-        kvals, kidx = np.unique(slices, return_inverse=True)
-        return cls(cpu, slices, gpus, prod_ok, p, kvals.astype(np.int64), kidx.astype(np.int64).reshape(-1))
+        if workload.aware:
+            test_keys = [(k[1], k[4], ISOLATION_CODES[k[5]], k[2] > 1) for k in keys]
+        else:
+            test_keys = [(k[1], 0, 0, False) for k in keys]
+        distinct = sorted(set(test_keys))
+        index = {tk: i for i, tk in enumerate(distinct)}
+        tests = Tests(np.array([d[0] for d in distinct], dtype=np.int64),
+                      np.array([d[1] for d in distinct], dtype=np.int64),
+                      np.array([d[2] for d in distinct], dtype=np.int64),
+                      np.array([d[3] for d in distinct], dtype=bool), workload.aware)
+        kidx = np.array([index[tk] for tk in test_keys], dtype=np.int64)
+        return cls(cpu, slices, gpus, prod_ok, p, tests, kidx)
 
 
-def _accepts(free: I64, kind: I64, cap: I64, kvals: I64) -> B:
-    """(..., K): whether each unit accepts k slices, for every distinct k."""
-    f = free[..., None]
-    return np.asarray((f >= kvals) & (f > 0) & ((kind[..., None] == KIND_MPS) | (cap[..., None] == kvals)), dtype=bool)
-
-
-def unit_stats(free: I64, kind: I64, cap: I64, kvals: I64) -> tuple[I64, I64, I64]:
-    """Per row of a free matrix (B x W): accepting-unit counts and non-accepting idle sums (B x K), idle total."""
+def unit_stats(free: I64, kind: I64, cap: I64, mem: I64, tests: Tests) -> tuple[I64, I64, I64]:
+    """Per row of a free matrix (B x W): accepting-unit counts and non-accepting idle sums (B x T), idle total."""
     fr = np.maximum(free, 0)
-    acc = _accepts(free, kind, cap, kvals)
+    acc = accepts(free, kind, cap, mem, tests)
     cnt = acc.sum(axis=1)
     sub = (fr[..., None] * ~acc).sum(axis=1)
     return cnt.astype(np.int64), sub.astype(np.int64), fr.sum(axis=1).astype(np.int64)
@@ -148,13 +215,15 @@ class FragCache:
             self.state_id = id(state)
             self.version = version
             self.shapes = shapes
-            n, k = state.n_nodes, len(shapes.kvals)
+            n, k = state.n_nodes, len(shapes.tests)
             self.node_ver = np.full(n, -1, dtype=np.int64)
             self.before = np.zeros(n)
             self.cnt = np.zeros((n, k), dtype=np.int64)
             self.sub = np.zeros((n, k), dtype=np.int64)
             self.total = np.zeros(n, dtype=np.int64)
             self.after = {}
+        # Multi-GPU shapes may take free MPS GPUs only where the state allows it (the openb replay).
+        shapes.tests.mps_multi = state.allow_mps_multi
 
     def node_frag(self, state: ClusterState) -> F64:
         """F(node) now, for every node."""
@@ -162,7 +231,8 @@ class FragCache:
         stale = np.flatnonzero(self.node_ver != state.node_version)
         if stale.size:
             free = state.free_matrix()[stale]
-            cnt, sub, total = unit_stats(free, state.kind_m[stale], state.cap_m[stale], self.shapes.kvals)
+            cnt, sub, total = unit_stats(free, state.kind_m[stale], state.cap_m[stale], state.mem_m[stale],
+                                         self.shapes.tests)
             self.cnt[stale], self.sub[stale], self.total[stale] = cnt, sub, total
             self.before[stale] = frag_from_stats(cnt, sub, total, state.node_cpu_free[stale],
                                                  state.node_product[stale], self.shapes)
@@ -193,9 +263,9 @@ class FragCache:
                 u = cands.units[stale, 0]
                 x = state.unit_free[u]
                 x2 = x - req.slices
-                kind, cap = state.unit_kind[u], state.unit_cap[u]
-                a_old = _accepts(x, kind, cap, t.kvals)
-                a_new = _accepts(x2, kind, cap, t.kvals)
+                kind, cap, umem = state.unit_kind[u], state.unit_cap[u], state.unit_mem[u]
+                a_old = accepts(x, kind, cap, umem, t.tests)
+                a_new = accepts(x2, kind, cap, umem, t.tests)
                 cnt = self.cnt[sv] - a_old + a_new
                 sub = self.sub[sv] - x[:, None] * ~a_old + np.maximum(x2, 0)[:, None] * ~a_new
                 total = self.total[sv] - req.slices
@@ -205,7 +275,7 @@ class FragCache:
                 pos = state.unit_pos[cands.units[stale]]
                 rows = np.repeat(np.arange(sv.shape[0]), req.gpus)
                 free[rows, pos.reshape(-1)] -= req.slices
-                cnt, sub, total = unit_stats(free, state.kind_m[sv], state.cap_m[sv], t.kvals)
+                cnt, sub, total = unit_stats(free, state.kind_m[sv], state.cap_m[sv], state.mem_m[sv], t.tests)
                 f = frag_from_stats(cnt, sub, total, cpu_after, state.node_product[sv], t)
             slots = cands.slot[stale]
             val[slots] = f

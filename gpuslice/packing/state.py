@@ -180,6 +180,14 @@ class ClusterState:
         self.unit_gpu: tuple[str, ...] = tuple(x.gpu or f"{self.node_names[x.node]}/gpu{x.gpu_index}"
                                                for x in us)
         self.unit_instance: tuple[str, ...] = tuple(x.instance for x in us)
+        # One integer per physical GPU (node, GPU index); the sentinel row gets -1. The owner-spread
+        # rule and GPU-level consolidation work on GPUs, not on units (MIG instances share a GPU).
+        gpu_keys: dict[tuple[int, int], int] = {}
+        self.unit_gpu_id: I64 = np.array([gpu_keys.setdefault((x.node, x.gpu_index), len(gpu_keys)) for x in us]
+                                         + [-1], dtype=np.int64)
+        self.n_gpus = len(gpu_keys)
+        self.gpu_cap: I64 = np.bincount(self.unit_gpu_id[:u], weights=self.unit_cap[:u],
+                                        minlength=self.n_gpus).astype(np.int64)
         if np.any(self.unit_free[:u] > self.unit_cap[:u]) or np.any(self.unit_free[:u] < 0):
             raise PackingError("unit free slices outside 0..capacity")
         self.n_units = u
@@ -193,6 +201,7 @@ class ClusterState:
         # Static per-position views (kind and capacity never change while the state lives).
         self.kind_m: I64 = self.unit_kind[self.node_units]
         self.cap_m: I64 = self.unit_cap[self.node_units]
+        self.mem_m: I64 = self.unit_mem[self.node_units]
         self.node_gpus: I64 = per_node.astype(np.int64)
         self.node_slice_cap: I64 = self.cap_m.sum(axis=1) if u else np.zeros(n, dtype=np.int64)
         self.max_node_cpu = int(self.node_cpu_cap.max()) if n else 1
@@ -200,7 +209,7 @@ class ClusterState:
         self.max_node_gpus = int(self.node_gpus.max()) if n else 1
         self.total_slices = int(self.unit_cap[:u].sum())
         self.allocated_slices = int((self.unit_cap[:u] - self.unit_free[:u]).sum())
-        self._owners: dict[str, dict[int, int]] = {}
+        self._owners: dict[str, dict[int, int]] = {}  # owner -> GPU id -> pods of that owner on it
         self._product_masks: dict[frozenset[str] | None, B] = {}
 
     # ----- views ---------------------------------------------------------------------------
@@ -225,9 +234,23 @@ class ClusterState:
             self._product_masks[products] = mask
         return mask
 
+    def owner_gpus(self, owner: str) -> list[int]:
+        """GPU ids (``unit_gpu_id``) already holding a pod of ``owner`` (for the owner-spread rule)."""
+        return [g for g, c in self._owners.get(owner, {}).items() if c > 0]
+
     def owner_units(self, owner: str) -> list[int]:
-        """Units already holding a pod of ``owner`` (for the owner-spread rule)."""
-        return [u for u, c in self._owners.get(owner, {}).items() if c > 0]
+        """Units on a GPU that already holds a pod of ``owner``: the owner-spread rule refuses them all
+        (DESIGN 4: never two pods of one owner on one GPU, so not on two MIG instances of it either)."""
+        gpus = self.owner_gpus(owner)
+        if not gpus:
+            return []
+        return np.flatnonzero(np.isin(self.unit_gpu_id[: self.n_units], np.array(gpus, dtype=np.int64))).tolist()
+
+    def gpu_used_slices(self) -> I64:
+        """Allocated slices per GPU id (length ``n_gpus``)."""
+        n = self.n_units
+        used = (self.unit_cap[:n] - self.unit_free[:n]).astype(np.int64)
+        return np.bincount(self.unit_gpu_id[:n], weights=used, minlength=self.n_gpus).astype(np.int64)
 
     # ----- feasibility ----------------------------------------------------------------------
     def unit_accepts(self, req: PackRequest, *, memory_tolerance: float = 0.03) -> B:
@@ -289,7 +312,8 @@ class ClusterState:
             self.unit_free[u] = newfree
             if owner:
                 d = self._owners.setdefault(owner, {})
-                d[u] = d.get(u, 0) + sign
+                g = int(self.unit_gpu_id[u])
+                d[g] = d.get(g, 0) + sign
         self.node_cpu_free[node] -= sign * cpu_milli
         self.node_mem_free[node] -= sign * memory_mib
         self.allocated_slices += sign * slices * len(units)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from gpuslice.packing.state import KIND_MPS, Candidates, ClusterState, PackRequest
+from gpuslice.policies import _slice_terms as slice_terms
 from gpuslice.policies.base import F64, BasePolicy, PolicyContext
 from gpuslice.policies.fgd import FragMemory, frag_delta, levels, new_frag_memory, sigmoid_score
 
@@ -54,7 +55,9 @@ class Fragmentation(BasePolicy):
         self.quantile = quantile
 
     def new_memory(self, ctx: PolicyContext) -> Any:
-        return new_frag_memory(ctx, offline=False)
+        mem = new_frag_memory(ctx, offline=False)
+        mem.target.aware = True  # slice-model targets: memory floors and isolation (frag.py)
+        return mem
 
     def observe(self, memory: Any, req: PackRequest) -> None:
         memory.target.observe(req)
@@ -64,7 +67,8 @@ class Fragmentation(BasePolicy):
         n = len(cands)
         if n == 0:
             return np.zeros(0)
-        level = levels(sigmoid_score(frag_delta(state, req, cands, mem), state.slices_per_gpu))
+        delta = frag_delta(state, req, cands, mem) + slice_terms.extra_delta(state, req, cands)
+        level = levels(sigmoid_score(delta, state.slices_per_gpu))
         inside = level >= level.max() - self.window
         low = mem.target.fractional_threshold(self.quantile, state.slices_per_gpu)
         d = leftover_sumsq_change(state, req, cands, low)

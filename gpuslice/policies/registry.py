@@ -3,6 +3,16 @@
 A spec is a name (``"fragmentation"``) or a weighted sum (``"fragmentation:0.8,spread:0.2"``); the
 combined score is sum(w_i * s_i) / sum(w_i), still in [0, 1]. Other modules may add policies with
 :func:`register` (the extender adds ``utilization`` and ``cost``).
+
+**No signal, no effect.** A part whose score is the same for every candidate of a decision (``cost``
+in a cluster without prices, ``utilization`` without fresh samples) says nothing about the choice;
+it is left out of that decision, weight included: the sum is taken over the parts that do vary and
+divided by *their* weights (when none varies, the first policy's constant stands). So
+``fragmentation:1,cost:1`` on a cluster without prices scores exactly as ``fragmentation`` alone,
+bit for bit, and the narrowed filter's ``margin`` (an absolute
+score distance) keeps its meaning instead of shrinking by 1/1.3. Secondary orders are summed as
+given; a policy with no signal returns a zero secondary (``cost``, ``utilization``) for the same
+reason.
 """
 
 from __future__ import annotations
@@ -78,9 +88,22 @@ class Weighted:
             p.observe(m, req)
 
     def score(self, state: ClusterState, req: PackRequest, cands: Candidates, memory: Any) -> F64:
+        if len(self.parts) == 1:
+            p, _ = self.parts[0]
+            return np.asarray(p.score(state, req, cands, memory[0]), dtype=np.float64)
+        scores = [(np.asarray(p.score(state, req, cands, m), dtype=np.float64), w)
+                  for (p, w), m in zip(self.parts, memory, strict=True)]
+        varying = [(s, w) for s, w in scores if w > 0 and s.shape[0] > 1 and float(np.ptp(s)) > 0.0]
+        if not varying:  # nothing tells the candidates apart: the first (primary) policy's constant
+            varying = [next((sw for sw in scores if sw[1] > 0), scores[0])]
+        total = sum(w for _, w in varying)
+        if total <= 0:
+            return np.zeros(len(cands))
+        if len(varying) == 1:
+            return varying[0][0].copy()
         out = np.zeros(len(cands))
-        for (p, w), m in zip(self.parts, memory, strict=True):
-            out += w * p.score(state, req, cands, m)
+        for s, w in varying:
+            out += (w / total) * s
         return out
 
     def secondary(self, state: ClusterState, req: PackRequest, cands: Candidates, memory: Any) -> F64:

@@ -103,7 +103,8 @@ def test_pending_pods_come_with_reasons(cluster) -> None:  # type: ignore[no-unt
     assert all(text and "serving/" not in text for text in res.reasons)  # normalised, no owner names
 
 
-def test_owner_spread_keeps_replicas_on_distinct_units(cluster) -> None:  # type: ignore[no-untyped-def]
+def test_owner_spread_keeps_replicas_on_distinct_gpus(cluster) -> None:  # type: ignore[no-untyped-def]
+    """DESIGN 4: never two pods of one owner on one GPU, so not on two MIG instances of one GPU."""
     r = Replay(cluster, generate(45), "binpack")
     seen: dict[tuple[str, int], str] = {}
     original = r._bind
@@ -113,10 +114,11 @@ def test_owner_spread_keeps_replicas_on_distinct_units(cluster) -> None:  # type
         pod = r.pods.get(uid)
         if pod is not None and pod.phase == "running":
             for u in pod.units:
-                for (owner, unit), other in list(seen.items()):
-                    if unit == u and owner == pod.owner.name and other in r.pods:
-                        raise AssertionError(f"{uid} shares unit {u} with {other}")
-                seen[(pod.owner.name, u)] = uid
+                g = int(r.unit_gpu[u])
+                other = seen.get((pod.owner.name, g))
+                if other is not None and other in r.pods and r.pods[other].phase == "running":
+                    raise AssertionError(f"{uid} shares GPU {g} with {other}")
+                seen[(pod.owner.name, g)] = uid
 
     r._bind = check  # type: ignore[method-assign]
     r.run()
@@ -138,9 +140,26 @@ def test_run_prints_the_promised_table_and_json(tmp_path: Path) -> None:
 
 
 def test_default_policy_means_every_baseline() -> None:
-    names = builtin.policies_from("fragmentation")
-    assert names[0] == "fragmentation" and {"bestfit", "binpack", "spread", "cost", "utilization"} <= set(names)
+    from gpuslice.config import default_policy_spec
+
+    for spec in (None, "default", default_policy_spec()):
+        names = builtin.policies_from(spec)
+        assert names[0] == builtin.DEFAULT_POLICY == default_policy_spec()
+        assert set(builtin.BAR_BASELINES) | {"fragmentation", "cost", "utilization"} <= set(names)
+    assert builtin.policies_from("fragmentation") == ["fragmentation"]
     assert builtin.policies_from("fragmentation:0.7+cost:0.3,bestfit") == ["fragmentation:0.7,cost:0.3", "bestfit"]
+    assert builtin.label(builtin.DEFAULT_POLICY).startswith("default (")
+
+
+def test_bar_verdict_names_the_default_and_keeps_own_policies_apart() -> None:
+    def row(policy: str, pending: float, gpus: float, cost: float) -> dict[str, object]:
+        return {"policy": policy, "pending": pending, "GPUs avg": gpus, "$/h avg": cost}
+
+    rows = [row(builtin.DEFAULT_POLICY, 1, 1, 1), *(row(b, 2, 2, 2) for b in builtin.BAR_BASELINES),
+            row("cost", 3, 3, 0.5)]
+    text = builtin.bar_verdict(rows)
+    assert text.startswith(f"bar met: {builtin.DEFAULT_LABEL}")
+    assert "own single policies: not strictly better than cost" in text
 
 
 def test_unknown_policy_is_refused() -> None:
