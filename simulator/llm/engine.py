@@ -38,14 +38,13 @@ from gpuslice.decision import (
     narrowed_filter,
     node_order,
 )
+from gpuslice.packing.build import pack_request as build_pack_request
+from gpuslice.packing.build import state_from_inventories
 from gpuslice.packing.state import (
-    KIND_MIG,
     KIND_MPS,
-    KIND_WHOLE,
     ClusterState,
     NodeSpec,
     PackRequest,
-    UnitSpec,
     enumerate_candidates,
 )
 from gpuslice.policies import registry
@@ -58,49 +57,35 @@ from simulator.llm.workload import Owner, Workload, diurnal
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 
-_KIND = {"mps": KIND_MPS, "whole": KIND_WHOLE, "mig": KIND_MIG}
 PodPhase = Literal["pending", "reserved", "running", "gone"]
 
 
 def build_state(cluster: Cluster) -> tuple[ClusterState, I64]:
     """The packing state of the (empty) cluster and, per unit row, a cluster-wide GPU number.
 
-    One unit per MPS or whole GPU and per MIG instance, as the extender builds it from the node
-    inventory annotations.
+    Built by ``gpuslice.packing.build`` from the node inventories, as the extender builds it.
     """
-    nodes: list[NodeSpec] = []
-    units: list[UnitSpec] = []
-    gpu_number: dict[tuple[int, int], int] = {}
-    for v, node in enumerate(cluster.nodes):
+    entries = []
+    for node in cluster.nodes:
         cpu, mem = node.allocatable
         prod = node.inventory.gpus[0].product if node.inventory.gpus else ""
-        nodes.append(NodeSpec(node.name, cpu, mem, prod, node.hourly_cost))
+        entries.append((NodeSpec(node.name, cpu, mem, prod, node.hourly_cost), node.inventory))
+    state = state_from_inventories(entries, slices_per_gpu=S)
+    gpu_number: dict[tuple[int, int], int] = {}
+    for v, node in enumerate(cluster.nodes):
         for gpu in node.inventory.gpus:
             gpu_number[(v, gpu.index)] = len(gpu_number)
-            if gpu.mode == "mig":
-                for inst in gpu.instances:
-                    units.append(UnitSpec(v, gpu.index, KIND_MIG, inst.compute_slices, inst.memory_mib,
-                                          usable=gpu.schedulable, gpu=gpu.uuid, instance=inst.uuid))
-            else:
-                units.append(UnitSpec(v, gpu.index, _KIND[gpu.mode], gpu.slices, gpu.memory_mib,
-                                      usable=gpu.schedulable, gpu=gpu.uuid))
-    state = ClusterState(nodes, units, slices_per_gpu=S, allow_mps_multi=False)
     numbers = np.array([gpu_number[(int(state.unit_node[u]), int(state.unit_gpu_index[u]))]
                         for u in range(state.n_units)], dtype=np.int64)
     return state, numbers
 
 
 def pack_request(owner: Owner, uid: str) -> PackRequest:
-    """A pod's ``SliceRequest`` in packing terms: k <= S on one unit, k = m*S as m whole units."""
+    """A pod's ``SliceRequest`` in packing terms, with the model server's CPU and host memory."""
     req: SliceRequest = owner.request
-    k = req.slices
-    gpus, per = (1, k) if k <= S else (k // S, S)
-    if k > S and k % S:
-        raise ValueError(f"{owner.name}: {k} slices is neither <= S nor a whole number of GPUs")
-    memory = 0 if req.memory_mib is None else math.ceil(req.memory_mib / gpus)
     host_mem = 16 * 1024 + math.ceil(owner.variant.memory_gib * 1024)
-    return PackRequest(cpu_milli=2000 + 250 * k, memory_mib=host_mem, gpus=gpus, slices=per,
-                       gpu_memory_mib=memory, isolation=req.isolation, owner=owner.name, uid=uid)
+    return build_pack_request(req, slices_per_gpu=S, cpu_milli=2000 + 250 * req.slices, memory_mib=host_mem,
+                              owner=owner.name, uid=uid)
 
 
 @dataclass(slots=True)
