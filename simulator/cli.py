@@ -16,8 +16,9 @@ from gpuslice.config import default_policy_spec
 from gpuslice.decision import NarrowConfig
 from gpuslice.errors import GpuSliceError
 from gpuslice.policies.registry import resolve
-from simulator.engine import MODES, EngineOptions, RunResult, simulate
+from simulator.engine import MODES, EngineOptions, RunResult, replay, simulate
 from simulator.inflate import inflate
+from simulator.kubefile import inflate_requests, load_kube_cluster, looks_like_kube_list
 from simulator.openb import MILLI, read_nodes, read_pods
 from simulator.report import Summary, progress_bar, table, write_json, write_plot
 
@@ -107,6 +108,37 @@ def _trace_files(args: argparse.Namespace) -> tuple[Path, list[tuple[str, Path]]
     return nodes, pods
 
 
+def _run_kube(args: argparse.Namespace, paths: list[Path], policies: list[str], narrow: NarrowConfig) -> int:
+    """Replay the pods of v1 List files on their nodes (emptied), S taken from the inventories."""
+    cluster = load_kube_cluster(paths)
+    if not cluster.requests:
+        print(f"gpu-slice simulate: {paths[0]}: no Pod to replay", file=sys.stderr)
+        return 2
+    name = paths[-1].stem
+    capacity = cluster.state().total_slices
+    modes = ["protocol", "ideal", "paper"] if args.mode == "all" else [args.mode]
+    summaries: list[Summary] = []
+    runs: list[tuple[str, RunResult]] = []
+    for seed in args.seeds:
+        requests = inflate_requests(cluster.requests, capacity, seed, args.inflate)
+        for policy in policies:
+            for mode in modes:
+                opts = EngineOptions(mode=mode, slices=cluster.slices_per_gpu, narrow=narrow,
+                                     extender_weight=args.extender_weight, kube_scorer=args.kube_scorer)
+                r = replay(cluster.state(), requests, cluster.requests, policy, seed, opts,
+                           progress=progress_bar(f"{name} {policy} {mode} seed {seed}"))
+                summaries.append(Summary.of(name, r))
+                if args.plot:
+                    runs.append((name, r))
+    print(table(summaries, {}))
+    if args.json:
+        write_json(args.json, summaries, {"cluster": [str(p) for p in paths], "seeds": args.seeds,
+                                          "inflate": args.inflate, "slices": cluster.slices_per_gpu})
+    if args.plot:
+        write_plot(args.plot, runs)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.nodes and not args.pods and not args.traces:
         try:
@@ -122,6 +154,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         policies = _policies(args.policy or default_policy_spec().replace(",", "+"))
         narrow = NarrowConfig(args.narrow_margin, args.narrow_max_nodes)
+        given = [p for p in (args.nodes, *args.pods) if p is not None]
+        kube_paths = [p for p in given if looks_like_kube_list(p)]
+        if kube_paths and len(kube_paths) != len(given):
+            print("gpu-slice simulate: give either openb CSV files or v1 List files (.yaml/.json), not both",
+                  file=sys.stderr)
+            return 2
+        if kube_paths:
+            return _run_kube(args, list(dict.fromkeys(kube_paths)), policies, narrow)
         nodes_path, traces = _trace_files(args)
         if not traces:
             print("gpu-slice simulate: no pod list given (--pods FILE or --traces NAMES)", file=sys.stderr)

@@ -84,14 +84,23 @@ def simulate(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], policy: str |
              options: EngineOptions, *, trace: Sequence[OpenbPod] | None = None,
              progress: Callable[[int, int], None] | None = None) -> RunResult:
     """Replay ``pods`` (already inflated) in order; ``trace`` is the original trace (FGD's offline target)."""
+    base = trace if trace is not None else pods
+    return replay(build_state(nodes, options.slices), [to_request(p, options.slices) for p in pods],
+                  [to_request(p, options.slices) for p in base], policy, seed, options, progress=progress)
+
+
+def replay(state: ClusterState, reqs: Sequence[PackRequest], base: Sequence[PackRequest], policy: str | Weighted,
+           seed: int, options: EngineOptions, *,
+           progress: Callable[[int, int], None] | None = None) -> RunResult:
+    """Replay requests in order on ``state`` (mutated); ``base`` is the original workload (offline targets).
+
+    Shared by the openb CSV path and the v1 List path, so both go through the same decision code.
+    """
     started = time.perf_counter()
     if options.mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}")
     pol = resolve(policy) if isinstance(policy, str) else policy
-    state = build_state(nodes, options.slices)
-    reqs = [to_request(p, options.slices) for p in pods]
-    base = trace if trace is not None else pods
-    memory = pol.new_memory(PolicyContext(seed, [to_request(p, options.slices) for p in base]))
+    memory = pol.new_memory(PolicyContext(seed, list(base)))
     paper_rank = np.empty(state.n_nodes, dtype=np.int64)
     paper_rank[np.random.default_rng(seed).permutation(state.n_nodes)] = np.arange(state.n_nodes)
     ext_rank = node_order(state.node_names)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gpuslice import annotations as ann
 from gpuslice.errors import GpuSliceError
 from gpuslice.kubelist import node_inventory, node_name, parse_list_text
@@ -165,5 +167,28 @@ def load_kube_cluster(paths: Sequence[str | os.PathLike[str]]) -> KubeCluster:
     return KubeCluster(tuple(nodes), s, tuple(requests))
 
 
-def with_requests(cluster: KubeCluster, requests: Sequence[PackRequest]) -> KubeCluster:
-    return replace(cluster, requests=tuple(requests))
+def inflate_requests(requests: Sequence[PackRequest], capacity_slices: int, seed: int,
+                     ratio: float = 1.3) -> list[PackRequest]:
+    """The FGD artifact's inflation (``simulator.inflate``) over packing requests.
+
+    Shuffle with the seed, then append random draws (with replacement) until the next draw's
+    per-GPU share would pass ``ratio`` x capacity; a workload already above it loses random pods.
+    """
+    rng = np.random.default_rng(seed)
+    out = [requests[i] for i in rng.permutation(len(requests))]
+    total = sum(r.total_slices for r in out)
+    target = ratio * capacity_slices
+    if ratio <= 0 or total == target or not requests:
+        return out
+    if total > target:
+        while total > target and out:
+            total -= out.pop(int(rng.integers(len(out)))).total_slices
+        return out
+    n = 0
+    while True:
+        pod = requests[int(rng.integers(len(requests)))]
+        if total + pod.slices > target:
+            return out
+        out.append(replace(pod, uid=f"{pod.uid}-tuned-{n}"))
+        total += pod.total_slices
+        n += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,23 @@ def test_refusals_name_the_file_and_object(tmp_path: Path) -> None:
         load_kube_cluster([broken])
     with pytest.raises(KubeFileError, match=r"missing\.yaml: cannot read"):
         load_kube_cluster([tmp_path / "missing.yaml"])
+
+
+def test_simulate_replays_a_v1_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = _fake(tmp_path)
+    report = tmp_path / "out.json"
+    assert gpu_slice(["simulate", "--nodes", str(cluster), "--pods", str(cluster), "--policy", "fgd,bestfit",
+                      "--seeds", "42", "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "cluster      fgd" in out and "cluster      bestfit" in out
+    runs = json.loads(report.read_text())["runs"]
+    assert {r["policy"] for r in runs} == {"fgd", "bestfit"}
+    assert all(r["pods_placed"] > 0 for r in runs)
+
+
+def test_simulate_refuses_mixed_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = _fake(tmp_path)
+    csv = tmp_path / "pods.csv"
+    csv.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n")
+    assert gpu_slice(["simulate", "--nodes", str(cluster), "--pods", str(csv)]) == 2
+    assert "not both" in capsys.readouterr().err
