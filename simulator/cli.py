@@ -42,9 +42,12 @@ def parse_seeds(text: str) -> list[int]:
             continue
         lo, sep, hi = part.partition("-")
         try:
-            seeds.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+            first, last = int(lo), int(hi) if sep else int(lo)
         except ValueError:
             raise argparse.ArgumentTypeError(f"bad seed list {text!r}; use e.g. 42-51 or 42,43") from None
+        if last < first:
+            raise argparse.ArgumentTypeError(f"seed range {part!r} is empty; write the smaller seed first")
+        seeds.extend(range(first, last + 1))
     if not seeds:
         raise argparse.ArgumentTypeError("no seeds given")
     return seeds

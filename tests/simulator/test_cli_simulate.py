@@ -30,8 +30,12 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_seed_ranges() -> None:
     assert parse_seeds("42-44,50") == [42, 43, 44, 50]
-    with pytest.raises(argparse.ArgumentTypeError):
+    with pytest.raises(argparse.ArgumentTypeError, match="bad seed list 'x'"):
         parse_seeds("x")
+    with pytest.raises(argparse.ArgumentTypeError, match="seed range '51-42' is empty"):
+        parse_seeds("51-42")
+    with pytest.raises(argparse.ArgumentTypeError, match="no seeds given"):
+        parse_seeds(",")
 
 
 def test_run_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
