@@ -55,3 +55,11 @@ def test_import_contracts_hold() -> None:
     out = subprocess.run([str(linter)], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Contracts: 2 kept, 0 broken" in out.stdout
+
+
+def test_public_names_resolve() -> None:
+    import gpuslice
+
+    assert sorted(gpuslice.__all__) == sorted(set(gpuslice.__all__))
+    for name in gpuslice.__all__:
+        assert getattr(gpuslice, name) is not None, name
