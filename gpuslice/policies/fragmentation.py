@@ -1,18 +1,25 @@
-"""``fragmentation``: our default, FGD's expected-fragmentation idea with a leftover-matching rule.
+"""``fragmentation``: our default, FGD's expected-fragmentation idea with two tie rules.
 
-1. Expected fragmentation increase, exactly as :mod:`fgd`, against an **online** target: every pod
-   shape (CPU, slices per GPU, GPUs, allowed products) seen so far, counted as pods arrive, no
-   coverage cut, re-read when the count of pods seen doubles (see ``FragMemory``). Nothing is
-   read from the trace in advance.
-2. Among the candidates whose FGD level ``int(100 * sigmoid)`` is within ``window`` of the best
-   one, prefer the placement that most lowers sum_g N(g)^2, where N(g) counts the cluster's
-   units with g free slices, over T < g < S (T: the share that ``quantile`` of fractional pods
-   seen ask or less). It takes from the most common leftover size first, so the leftovers
-   stay spread over many sizes and a later pod of any size finds a close fit.
-   The FGD level stays an integer on purpose: exact deltas pack worse (reference 0 item 2).
+1. FGD level: ``int(100 * sigmoid(-(F_after - F_before) / S))`` exactly as :mod:`fgd` (the level
+   stays an integer on purpose: exact deltas pack worse, reference 0 item 2), against an **online**
+   target: every pod shape (CPU, slices per GPU, GPUs, allowed products) seen so far, counted as
+   pods arrive (``observe``, before the pod is scored), every shape kept (no coverage cut), the
+   distribution re-read when the count of pods seen doubles (``FragMemory``). Nothing is read
+   from the trace in advance. The target is slice-model aware (memory floors, isolation) and the
+   delta carries ``_slice_terms.extra_delta`` (MIG consolidation); both are inert on openb.
+2. CPU-only pods (:func:`cpu_per_free_gpu`): among the candidates at the best FGD level, the node
+   with the most CPU left after placing per free GPU (free slices / S, + 0.01 so nodes with no
+   free GPU come first). FGD gives most nodes the same neutral level for such pods, and the node
+   order alone would spend the CPU that nodes with idle GPUs need to host GPU pods later.
+3. Single-GPU pods (:func:`leftover_sumsq_change`): among the candidates whose FGD level is within
+   ``window`` (10) of the best, the placement that most lowers sum_g N(g)^2, where N(g) counts
+   the cluster's MPS units with g free slices, T < g < S (T: the share that ``quantile`` of the
+   fractional pods seen ask or less). It rewards exact fits and taking from the most common
+   leftover size, so leftovers stay spread over many sizes and a later pod of any size finds a
+   close fit. Whole-GPU units (g = S before) and multi-GPU pods get no term (pure FGD).
 
-Scores: window candidates map to [0.5, 1) lexicographically (leftover rule, then FGD level);
-the rest to 0.49 * level / 100, below all of them.
+Scores: the candidates a rule ranks map to [0.5, 1) by that rule's rank (then FGD level); all
+other candidates to 0.49 * level / 100, below them. Equal scores fall to the caller's node order.
 """
 
 from __future__ import annotations
@@ -47,12 +54,28 @@ def leftover_sumsq_change(state: ClusterState, req: PackRequest, cands: Candidat
     return np.asarray(d, dtype=np.float64)
 
 
+def cpu_per_free_gpu(state: ClusterState, req: PackRequest, cands: Candidates) -> F64:
+    """CPU (millicores) left on the candidate's node after placing, per free GPU (+0.01) there."""
+    free_gpus = np.maximum(state.free_matrix(), 0).sum(axis=1)[cands.node] / state.slices_per_gpu
+    cpu_after = state.node_cpu_free[cands.node] - req.cpu_milli
+    return np.asarray(cpu_after / (free_gpus + 0.01), dtype=np.float64)
+
+
+def _rank_scores(key: F64, level: F64) -> F64:
+    """Map ``key`` (higher better, then ``level``) onto [0.5, 1), order preserved."""
+    _, rank = np.unique(key, return_inverse=True)
+    rank = rank.reshape(-1).astype(np.float64)
+    top = rank.max() + 1.0
+    return np.asarray(0.5 + 0.5 * (rank + level / 101.0) / top, dtype=np.float64)
+
+
 class Fragmentation(BasePolicy):
     name = "fragmentation"
 
-    def __init__(self, window: int = 20, quantile: float = 0.005) -> None:
+    def __init__(self, window: int = 10, quantile: float = 0.005, cpu_rule: bool = True) -> None:
         self.window = window
         self.quantile = quantile
+        self.cpu_rule = cpu_rule
 
     def new_memory(self, ctx: PolicyContext) -> Any:
         mem = new_frag_memory(ctx, offline=False)
@@ -69,15 +92,16 @@ class Fragmentation(BasePolicy):
             return np.zeros(0)
         delta = frag_delta(state, req, cands, mem) + slice_terms.extra_delta(state, req, cands)
         level = levels(sigmoid_score(delta, state.slices_per_gpu))
+        out = 0.49 * level / 100.0
+        if req.gpus == 0:
+            if self.cpu_rule:
+                top = level >= level.max()
+                out[top] = _rank_scores(cpu_per_free_gpu(state, req, cands)[top], level[top])
+            return np.asarray(out, dtype=np.float64)
         inside = level >= level.max() - self.window
         low = mem.target.fractional_threshold(self.quantile, state.slices_per_gpu)
         d = leftover_sumsq_change(state, req, cands, low)
-        out = 0.49 * level / 100.0
-        if inside.any():
-            _, rank = np.unique(d[inside], return_inverse=True)
-            rank = rank.reshape(-1)
-            keys = (rank.max() - rank) + level[inside] / 101.0
-            out[inside] = 0.5 + 0.5 * keys / (rank.max() + 1.0)
+        out[inside] = _rank_scores(-d[inside], level[inside])
         return np.asarray(out, dtype=np.float64)
 
 
