@@ -119,7 +119,7 @@ def _run_kube(args: argparse.Namespace, paths: list[Path], policies: list[str], 
         return 2
     name = paths[-1].stem
     capacity = cluster.state().total_slices
-    modes = ["protocol", "ideal", "paper"] if args.mode == "all" else [args.mode]
+    modes = list(MODES) if args.mode == "all" else [args.mode]
     summaries: list[Summary] = []
     runs: list[tuple[str, RunResult]] = []
     for seed in args.seeds:
@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     except GpuSliceError as e:
         print(f"gpu-slice simulate: {e}", file=sys.stderr)
         return 2
-    modes = ["protocol", "ideal", "paper"] if args.mode == "all" else [args.mode]
+    modes = list(MODES) if args.mode == "all" else [args.mode]
     capacity = sum(n.gpus for n in nodes) * MILLI
     summaries: list[Summary] = []
     runs: list[tuple[str, RunResult]] = []

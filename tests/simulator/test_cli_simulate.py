@@ -45,7 +45,8 @@ def test_run_writes_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[
                   "--seeds", "1-2", "--mode", "all", "--json", str(out), "--plot", str(png), "--slices", "100"])
     assert run(args) == 0
     data = json.loads(out.read_text())
-    assert len(data["runs"]) == 3 * 2 * 3
+    assert len(data["runs"]) == 3 * 2 * 4  # policies x seeds x modes
+    assert {r["mode"] for r in data["runs"]} == {"protocol", "wide", "ideal", "paper"}
     for key in ("unallocated_gpu_pct_at_100", "unallocated_gpu_pct_at_130", "first_failure_arrived_pct",
                 "pods_placed", "seconds", "policy", "seed", "mode", "trace"):
         assert key in data["runs"][0]
