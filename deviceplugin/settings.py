@@ -66,7 +66,7 @@ class Settings:
     stamp_backoff_s: float = 0.1
     kube_timeout_s: float = 10.0
     config_file: Path | None = None
-    config: Config = field(default_factory=lambda: default_config(simulator=True))
+    config: Config = field(default_factory=default_config)
 
     @property
     def socket_path(self) -> Path:
@@ -155,16 +155,20 @@ def _coerce(name: str, value: Any, template: Any) -> Any:
     return value
 
 
-def load_config_file(path: Path | None, *, simulator: bool) -> Config:
-    """The shared versioned config (``gpuslice.config``); errors name ``config.<field path>``."""
+def load_config_file(path: Path | None) -> Config:
+    """The shared versioned config (``gpuslice.config``); errors name ``config.<field path>``.
+
+    Real-node limits apply with either backend: the simulated backend stands in for a GPU node,
+    so it accepts only what a real plugin would (S up to 48), not the simulator's milli-GPU.
+    """
     if path is None:
-        return default_config(simulator=simulator)
+        return default_config()
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SettingsError("config", f"cannot read {path}: {exc.strerror or exc}") from exc
     try:
-        return load_config_text(text, simulator=simulator)
+        return load_config_text(text)
     except ConfigError as exc:
         where, message = exc.errors[0] if exc.errors else ("", str(exc))
         raise SettingsError(f"config.{where}" if where else "config", message) from exc
@@ -189,7 +193,7 @@ def build(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Set
     if backend not in BACKENDS:
         raise SettingsError("backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
     config_path = flags.get("config")
-    config = load_config_file(Path(config_path) if config_path else None, simulator=backend == "simulated")
+    config = load_config_file(Path(config_path) if config_path else None)
     values["config"] = config
     values["config_file"] = Path(config_path) if config_path else None
     if flags.get("mps_memory_limit_only") is None:

@@ -471,6 +471,12 @@ def test_settings_flags_override_the_config_file_and_bad_values_name_the_field(t
         with pytest.raises(SettingsError) as err:
             build(flags, env={})
         assert err.value.field == field, str(err.value)
+    # The simulated backend stands in for a real node: the simulator's milli-GPU S is refused.
+    milli = tmp_path / "milli.yaml"
+    milli.write_text("version: v1\nslices: 1000\n")
+    with pytest.raises(SettingsError) as err:
+        build({"backend": "simulated", "node_name": "n", "config": str(milli)}, env={})
+    assert err.value.field == "config.slices" and "48" in str(err.value)
 
 
 async def test_command_runs_with_nothing_else_present(sock_dir: Path) -> None:
