@@ -142,7 +142,27 @@ def _run_kube(args: argparse.Namespace, paths: list[Path], policies: list[str], 
     return 0
 
 
+def _flag_errors(args: argparse.Namespace) -> list[str]:
+    """Refusals for numeric flags, each naming the flag (argparse only checks types)."""
+    errors = []
+    if args.inflate < 0:
+        errors.append(f"--inflate must be >= 0 (0 replays the pods as listed), got {args.inflate}")
+    if args.extender_weight < 1:
+        errors.append(f"--extender-weight must be >= 1 (kube-scheduler requires a positive weight), "
+                      f"got {args.extender_weight}")
+    if args.narrow_margin < 0:
+        errors.append(f"--narrow-margin must be >= 0, got {args.narrow_margin}")
+    if args.narrow_max_nodes < 1:
+        errors.append(f"--narrow-max-nodes must be >= 1, got {args.narrow_max_nodes}")
+    return errors
+
+
 def run(args: argparse.Namespace) -> int:
+    errors = _flag_errors(args)
+    if errors:
+        for e in errors:
+            print(f"gpu-slice simulate: {e}", file=sys.stderr)
+        return 2
     if not args.nodes and not args.pods and not args.traces:
         try:
             builtin = importlib.import_module("simulator.builtin")

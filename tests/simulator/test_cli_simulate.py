@@ -64,3 +64,15 @@ def test_weighted_policy_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
     bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,1,zz\n")
     assert run(parse(["--nodes", str(nodes), "--pods", str(bad)])) == 2
     assert "line 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--inflate", "-2"], "--inflate must be >= 0"),
+    (["--extender-weight", "0"], "--extender-weight must be >= 1"),
+    (["--narrow-margin", "-1"], "--narrow-margin must be >= 0"),
+    (["--narrow-max-nodes", "0"], "--narrow-max-nodes must be >= 1"),
+])
+def test_numeric_flags_are_refused_by_name(flags: list[str], message: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(parse(flags)) == 2
+    assert message in capsys.readouterr().err
