@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
 from deviceplugin.errors import PlacementRefused
 from gpuslice import ids
-from gpuslice.annotations import decode_allocated_for, decode_assignment_for, format_time
+from gpuslice.annotations import decode_allocated_for, decode_assignment_for, format_time, parse_time
 from gpuslice.catalogue import product
 from gpuslice.errors import DeviceIdError, GpuSliceError
 from gpuslice.model import Gpu, MigInstance, NodeInventory
@@ -27,6 +28,17 @@ from gpuslice.placement import Placement
 log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _when(text: str) -> datetime:
+    """A pod or assignment time for ordering; unreadable or missing times sort first."""
+    if not text:
+        return _EPOCH
+    try:
+        return parse_time(text)
+    except GpuSliceError:
+        return _EPOCH
 MAX_LOCAL_NOTES = 256
 
 
@@ -57,9 +69,13 @@ class PodView:
         return self.phase not in TERMINAL_PHASES
 
     @property
-    def order(self) -> tuple[str, str, str, str]:
-        """Oldest first: assignment time, then creation time, then name (stable tie-break)."""
-        return (self.assigned_at or self.created, self.created, self.namespace, self.name)
+    def order(self) -> tuple[datetime, datetime, str, str]:
+        """Oldest first: assignment time, then creation time, then name (stable tie-break).
+
+        Times are compared parsed: RFC 3339 strings with and without fractions do not sort as text.
+        """
+        created = _when(self.created)
+        return (_when(self.assigned_at) if self.assigned_at else created, created, self.namespace, self.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,27 +151,39 @@ class AssignmentBook:
                 if p.phase == "Pending" and p.allocated_ids is None and p.key not in self.admitted]
 
     def candidates(self, available: Iterable[str] | None = None) -> list[Candidate]:
-        """Assignments that may still be handed out, oldest first.
+        """Assignments that may still be handed out: pending pods' own first (oldest first), then leftovers.
 
-        Sizes with no pending pod have none (an assignment orphaned because its pod received other
-        ids holds nothing). With ``available`` given, only assignments whose ids are all available.
+        A leftover is the assignment of a pod that was admitted with other ids (kubelet swapped two
+        same-size pods); it is offered only when made after the oldest pending pod of that size was
+        assigned, because only then did ``/bind`` check that it suits that pod too, and newest first,
+        since the swap partner is the most recent. Sizes with no pending pod have none. With
+        ``available`` given, only assignments whose ids are all available.
         """
-        pending_sizes = {len(p.assignment_ids or ()) for p in self.pending()}
+        pending = self.pending()
+        pending_uids = {p.uid for p in pending}
+        earliest: dict[int, tuple[datetime, datetime, str, str]] = {}
+        for p in pending:
+            size = len(p.assignment_ids or ())
+            earliest[size] = min(earliest.get(size, p.order), p.order)
         avail = None if available is None else frozenset(available)
         taken = frozenset(i for ids_ in self.admitted.values() for i in ids_) | frozenset(
             i for p in self.pods.values() if p.live for i in (p.allocated_ids or ())) | frozenset(
             i for ids_ in self.local for i in ids_)
-        out: list[Candidate] = []
+        own: list[Candidate] = []
+        leftovers: list[Candidate] = []
         for pod in self.assigned():
             sids = pod.assignment_ids or ()
-            if len(sids) not in pending_sizes:
+            if len(sids) not in earliest:
                 continue
             if avail is not None and not avail.issuperset(sids):
                 continue
             if avail is None and taken.intersection(sids):
                 continue
-            out.append(Candidate(pod, sids))
-        return out
+            if pod.uid in pending_uids:
+                own.append(Candidate(pod, sids))
+            elif pod.order >= earliest[len(sids)]:
+                leftovers.append(Candidate(pod, sids))
+        return own + leftovers[::-1]
 
     def held_by_candidates(self) -> frozenset[str]:
         """Ids reserved for pending assignments: a pod without one must not take them."""

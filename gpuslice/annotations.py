@@ -94,7 +94,7 @@ def parse_time(text: object, *, what: str = "time") -> datetime:
         normal = normal.replace(fraction, fraction[:7], 1)
     try:
         return datetime.fromisoformat(normal).astimezone(UTC)
-    except ValueError as err:
+    except (ValueError, OverflowError) as err:
         raise AnnotationError(f"{what} {text!r} is not a valid date and time: {err}") from None
 
 

@@ -53,6 +53,29 @@ def test_swapped_admission_keeps_the_other_assignment_available() -> None:
     assert cand is not None and cand.pod.name == "q" and tuple(ids) == b
 
 
+def test_a_pending_pod_gets_its_own_assignment_before_an_old_leftover() -> None:
+    """A pod admitted long ago on other ids leaves its assignment free; a later pod of that size
+    must not be steered there (``/bind`` never checked it suits the later pod): its own comes first."""
+    book = AssignmentBook(NODE)
+    x, z = MIG.instances[1].slice_ids(), MIG.instances[2].slice_ids()
+    y = MPS.slice_ids()[:1]
+    book.upsert(pod("r", x, "2025-01-01T00:00:00Z", phase="Running", allocated_ids=z))
+    book.set_admitted({("default", "r"): z})
+    book.upsert(pod("p", y, "2025-01-01T01:00:00Z"))
+    avail = [i for i in ALL if i not in z]
+    assert [c.pod.name for c in book.candidates(avail)] == ["p"]
+    ids, cand = preferred(book, INV, avail, [], 1)
+    assert cand is not None and cand.pod.name == "p" and tuple(ids) == y
+
+
+def test_order_compares_times_not_text() -> None:
+    book = AssignmentBook(NODE)
+    a, b = MIG.instances[1].slice_ids(), MIG.instances[2].slice_ids()
+    book.upsert(pod("later", a, "2025-01-01T00:00:00.5Z"))
+    book.upsert(pod("earlier", b, "2025-01-01T00:00:00Z"))
+    assert [c.pod.name for c in book.candidates()] == ["earlier", "later"]
+
+
 def test_terminal_deleted_and_foreign_node_pods_are_not_candidates() -> None:
     book = AssignmentBook(NODE)
     book.upsert(pod("done", MIG.instances[1].slice_ids(), phase="Succeeded"))
