@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from deviceplugin._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplugin.allocate import Injector
-from deviceplugin.assignments import AssignmentBook, Candidate, pod_view
+from deviceplugin.assignments import AssignmentBook, Candidate, PodView, pod_view
 from deviceplugin.backend import Backend, GpuTarget, HealthEvent
 from deviceplugin.coexistence import Refusal, find_refusals
 from deviceplugin.errors import KubeApiError, KubeUnavailable
@@ -292,16 +292,28 @@ class DevicePluginApp:
         if kind != "DELETED":
             self._call(self._apply_node, obj)
 
+    def _view(self, obj: Obj) -> PodView | None:
+        """One pod's view; a pod that cannot be decoded is logged and skipped, never the whole list."""
+        try:
+            return pod_view(obj, self.settings.node_name)
+        except Exception:  # one bad pod must not stop the node's bookkeeping
+            meta = obj.get("metadata") if isinstance(obj, dict) else None
+            name = meta.get("name") if isinstance(meta, dict) else "?"
+            log.exception("pod %s could not be read; it is left out of the assignment cache", name)
+            return None
+
     def _apply_pod_list(self, items: list[Obj]) -> None:
         if self.book is None or self.state is None:
             return
-        self.book.replace_all(pod_view(obj, self.settings.node_name) for obj in items)
+        self.book.replace_all(v for v in (self._view(obj) for obj in items) if v is not None)
         self.state.pods_changed()
 
     def _apply_pod_event(self, kind: str, obj: Obj) -> None:
         if self.book is None or self.state is None:
             return
-        view = pod_view(obj, self.settings.node_name)
+        view = self._view(obj)
+        if view is None:
+            return
         if kind == "DELETED" or view.node_name != self.settings.node_name:
             self.book.remove(view.uid)
         else:

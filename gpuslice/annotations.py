@@ -138,8 +138,8 @@ class Assignment:
         clean: dict[str, float] = {}
         for name, value in self.scores.items():
             _need_text(name, "scores key")
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise AnnotationError(f"scores.{name} must be a finite number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
+                raise AnnotationError(f"scores.{name} must be a finite number, got {repr(value)[:40]}")
             clean[name] = float(value)
         object.__setattr__(self, "scores", MappingProxyType(dict(sorted(clean.items()))))
 
@@ -353,6 +353,14 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _finite(value: int | float) -> bool:
+    """``math.isfinite`` without its OverflowError on integers beyond a float's range."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _load(text: object, key: str) -> dict[str, Any]:
     """Parse JSON, check it is an object of a version this build reads."""
     if isinstance(text, bytes):
@@ -363,6 +371,8 @@ def _load(text: object, key: str) -> dict[str, Any]:
         obj = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_object)
     except ValueError as err:
         raise AnnotationError(f"{key} is not valid JSON: {err}") from None
+    except RecursionError:
+        raise AnnotationError(f"{key} is nested too deeply to be an annotation of this contract") from None
     if not isinstance(obj, dict):
         raise AnnotationError(f"{key} must be a JSON object, got {_type_name(obj)}")
     if "v" not in obj:

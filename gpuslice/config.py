@@ -355,6 +355,10 @@ def load_config_text(text: str, *, simulator: bool = False,
         raise ConfigError([("", f"not valid YAML{where}: {err.problem or err.context}")]) from None
     except yaml.YAMLError as err:
         raise ConfigError([("", f"not valid YAML: {err}")]) from None
+    except RecursionError:
+        raise ConfigError([("", "not a config: nested too deeply")]) from None
+    except TypeError as err:  # e.g. a list used as a mapping key ("? [a]")
+        raise ConfigError([("", f"not a config: {err}")]) from None
     return load_config(data, simulator=simulator, policy_names=policy_names)
 
 

@@ -183,7 +183,7 @@ def _claim(pod: Mapping[str, Any], *, now: datetime,
         return None, PodProblem(
             label, uid, f"bound to node {node_name} but assigned to {assignment.node}; it holds nothing "
                         "by the assignment"), concerns
-    if not node_name and now >= assignment.time + reservation_ttl:
+    if not node_name and now - reservation_ttl >= assignment.time:  # no overflow near datetime.max
         return None, None, concerns  # reservation expired: holds nothing, nothing wrong
     if allocated is not None:
         return (_Claim(uid, label, assignment.node, bool(node_name), allocated.slice_ids, "allocated",

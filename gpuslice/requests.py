@@ -89,6 +89,8 @@ def _containers(spec: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
 
 def pod_slice_count(pod: Mapping[str, Any]) -> tuple[int, str]:
     """The pod's effective slice count and the container asking, after the one-container rule."""
+    if not isinstance(pod, Mapping):
+        raise RequestError(f"a pod must be an object, got {type(pod).__name__}")
     spec = pod.get("spec")
     if not isinstance(spec, Mapping):
         raise RequestError("pod has no spec object")
@@ -118,7 +120,12 @@ def pod_slice_count(pod: Mapping[str, Any]) -> tuple[int, str]:
 def parse_request(pod: Mapping[str, Any]) -> SliceRequest | None:
     """The pod's ``SliceRequest``, or ``None`` when it asks for no slices; ``RequestError`` if invalid."""
     count, container = pod_slice_count(pod)
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    metadata = pod.get("metadata")
+    metadata = {} if metadata is None else metadata
+    if not isinstance(metadata, Mapping):
+        raise RequestError("metadata must be an object")
+    annotations = metadata.get("annotations")
+    annotations = {} if annotations is None else annotations
     if not isinstance(annotations, Mapping):
         raise RequestError("metadata.annotations must be an object")
     if count == 0:

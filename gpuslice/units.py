@@ -16,9 +16,20 @@ _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei"
 _DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": Fraction(1),
             "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
             "P": Fraction(10**15), "E": Fraction(10**18)}
-_QUANTITY = re.compile(r"^([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:[eE]([+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$")
+_QUANTITY = re.compile(
+    r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?")
+# Kubernetes quantities fit in an int64 of nano-units; these bounds refuse absurd input before any
+# arithmetic, so a user-written annotation cannot make the parser spin.
+MAX_DIGITS = 40
+MAX_EXPONENT = 30
 
 MIB = 2**20
+
+
+def _show(value: object) -> str:
+    """The value for an error message, cut short: a message must not echo a megabyte back."""
+    text = repr(value)
+    return text if len(text) <= 48 else text[:45] + "..."
 
 
 def parse_quantity(value: object, *, what: str) -> Fraction:
@@ -26,18 +37,24 @@ def parse_quantity(value: object, *, what: str) -> Fraction:
     if isinstance(value, bool):
         raise RequestError(f"{what}: expected a quantity, got a boolean")
     if isinstance(value, int):
+        if abs(value) >= 10**MAX_DIGITS:
+            raise RequestError(f"{what}: {_show(value)} is out of range for a Kubernetes quantity")
         return Fraction(value)
     if isinstance(value, float):
         if not math.isfinite(value):
             raise RequestError(f"{what}: {value!r} is not a finite quantity")
+        if abs(value) >= 10.0**MAX_DIGITS:
+            raise RequestError(f"{what}: {_show(value)} is out of range for a Kubernetes quantity")
         return Fraction(str(value))
     if not isinstance(value, str):
         raise RequestError(f"{what}: expected a quantity such as '2' or '20Gi', got {type(value).__name__}")
     text = value.strip()
-    match = _QUANTITY.match(text)
+    match = _QUANTITY.fullmatch(text)
     if match is None:
-        raise RequestError(f"{what}: {value!r} is not a Kubernetes quantity")
+        raise RequestError(f"{what}: {_show(value)} is not a Kubernetes quantity")
     sign, number, exponent, suffix = match.groups()
+    if len(number) > MAX_DIGITS or (exponent is not None and abs(int(exponent[:MAX_DIGITS])) > MAX_EXPONENT):
+        raise RequestError(f"{what}: {_show(value)} is out of range for a Kubernetes quantity")
     amount = Fraction(number)
     if exponent is not None:
         amount *= Fraction(10) ** int(exponent)

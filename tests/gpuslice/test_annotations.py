@@ -364,3 +364,13 @@ def test_inventory_round_trip(gpus: tuple[Gpu, ...]) -> None:
     text = ann.encode_inventory(gpus)
     assert ann.decode_inventory(text) == gpus
     assert json.loads(text)["v"] == 1
+
+
+def test_hostile_annotations_raise_the_typed_error() -> None:
+    import json as _json
+
+    with pytest.raises(AnnotationError, match="nested too deeply"):
+        ann.decode_assignment("[" * 200_000)
+    early = _json.dumps({"v": 1, "sliceIds": ["GPU-a::0"], "time": "0001-01-01T00:00:00+01:00"})
+    with pytest.raises(AnnotationError, match="is not a valid date and time"):
+        ann.decode_allocated(early)

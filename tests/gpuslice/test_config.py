@@ -184,3 +184,12 @@ def test_mig_default_reaching_a_non_mig_gpu_is_refused_at_use() -> None:
     with pytest.raises(ConfigError) as err:
         cfg.mode_for("T4", "GPU-1")
     assert err.value.errors == [("modes.gpus.GPU-1", "GPU GPU-1 is a T4, which does not support mig mode")]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("version: v1\n? [a]\n: 1\n", "not a config: unhashable type"),
+    ("[" * 5000, "not a config: nested too deeply"),
+])
+def test_odd_yaml_is_a_config_error(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config_text(text)

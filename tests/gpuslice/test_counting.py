@@ -261,3 +261,18 @@ def test_bind_conflicts_only_for_unstamped_same_size_that_do_not_suit() -> None:
     pending_big["metadata"]["annotations"][ann.ALLOCATED_KEY] = ann.encode_allocated(Allocated((sid(MIG2, 0),), NOW))
     stamped = held_slices("n1", [pending_big], now=NOW, reservation_ttl=TTL)
     assert bind_conflicts(new_placement, SliceRequest(1), "new", stamped, requests, inv) == ()
+
+
+def test_an_assignment_near_the_end_of_time_does_not_overflow() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from gpuslice.counting import held_slices
+
+    far = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+    pod = {"metadata": {"name": "p", "namespace": "d", "uid": "u", "annotations": {
+        "example.com/gpu-slice.assignment": (
+            '{"gpus":["GPU-a"],"instance":null,"node":"n","podUID":"u","policy":"x","scores":{},'
+            '"sliceIds":["GPU-a::0"],"time":"9999-12-31T23:59:59Z","v":1}')}},
+        "spec": {}, "status": {"phase": "Pending"}}
+    held = held_slices("n", [pod], now=far, reservation_ttl=timedelta(seconds=60))
+    assert held.ids() == frozenset({"GPU-a::0"})  # reserved, not expired, and no OverflowError

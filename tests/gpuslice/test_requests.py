@@ -113,3 +113,28 @@ def test_slice_request_constructor_refusals() -> None:
         SliceRequest(0)
     with pytest.raises(RequestError, match=r"example.com/gpu-isolation must be one of mig, mps, any, got 'x'"):
         SliceRequest(1, isolation="x")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("1e99999999", "is out of range for a Kubernetes quantity"),
+    ("9" * 5001, "is out of range for a Kubernetes quantity"),
+    (10**50, "is out of range for a Kubernetes quantity"),
+    ("\u0663Gi", "is not a Kubernetes quantity"),
+    ("\uff11", "is not a Kubernetes quantity"),
+])
+def test_absurd_quantities_are_refused_quickly(value: object, message: str) -> None:
+    from gpuslice.units import parse_quantity
+
+    with pytest.raises(RequestError, match=message) as err:
+        parse_quantity(value, what="annotation example.com/gpu-memory")
+    assert len(str(err.value)) < 200
+
+
+@pytest.mark.parametrize(("pod", "message"), [
+    (None, "a pod must be an object, got NoneType"),
+    ([], "a pod must be an object, got list"),
+    ({"spec": {"containers": []}, "metadata": "x"}, "metadata must be an object"),
+])
+def test_malformed_pods_are_refused(pod: object, message: str) -> None:
+    with pytest.raises(RequestError, match=message):
+        parse_request(pod)  # type: ignore[arg-type]
