@@ -268,7 +268,8 @@ class ClusterState:
             ok &= kind == KIND_MPS
         if req.gpu_memory_mib > 0:
             cap = np.maximum(self.unit_cap, 1)
-            share = np.where(kind == KIND_MPS, self.unit_mem * k / cap, self.unit_mem)
+            # k/S of the GPU floored to whole MiB, exactly as gpuslice.placement computes it.
+            share = np.where(kind == KIND_MPS, (self.unit_mem * k) // cap, self.unit_mem)
             ok &= share >= req.gpu_memory_mib * (1.0 - memory_tolerance)
         if req.owner:
             taken = self.owner_units(req.owner)

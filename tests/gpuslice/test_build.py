@@ -10,6 +10,7 @@ from gpuslice.errors import RequestError
 from gpuslice.model import Gpu, MigInstance, NodeInventory
 from gpuslice.packing.build import pack_request, state_from_inventories, units_of
 from gpuslice.packing.state import KIND_MIG, KIND_MPS, KIND_WHOLE, NodeSpec
+from gpuslice.placement import enumerate_placements
 from gpuslice.requests import SliceRequest
 
 MIG = Gpu("GPU-m", 0, "H100-80GB", 81559, "mig", 7, instances=(
@@ -47,3 +48,20 @@ def test_pack_request_shapes() -> None:
     assert pack_request(None, slices_per_gpu=7, cpu_milli=500).gpus == 0
     with pytest.raises(RequestError, match="9 slices is neither at most S=7 nor a whole number of GPUs"):
         pack_request(SliceRequest(9), slices_per_gpu=7)
+
+
+@pytest.mark.parametrize("product_name", ["A100-40GB", "H100-80GB", "L4", "T4"])
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_placement_and_packing_state_agree_on_mps_memory_edges(product_name: str, k: int) -> None:
+    from gpuslice.catalogue import product
+
+    memory = product(product_name).memory_mib
+    assert memory is not None
+    gpu = Gpu("GPU-e", 0, product_name, memory, "mps", 7)
+    inv = NodeInventory("n", (gpu,))
+    state = state_from_inventories([(NodeSpec("n", 64000, 262144, product_name), inv)], slices_per_gpu=7)
+    edge = (memory * k) // 7
+    for floor in range(int(edge / 0.97) - 3, int(edge / 0.97) + 4):
+        core = enumerate_placements(inv, SliceRequest(k, Fraction(floor))).feasible
+        packed = bool(state.unit_accepts(pack_request(SliceRequest(k, Fraction(floor)), slices_per_gpu=7))[0])
+        assert core == packed, (floor, core, packed)
