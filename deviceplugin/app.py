@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -214,7 +215,7 @@ class DevicePluginApp:
         except Exception as exc:  # grpc errors: kubelet may not be up yet
             log.info("PodResources not readable at start-up (%s); stamps will catch up", exc)
             return
-        self.book.set_admitted(admitted_ids(resp, self.settings.resource_name))
+        self.book.set_admitted(admitted_ids(resp, self.settings.resource_name), time.monotonic())
 
     def _allocated(self) -> frozenset[str]:
         """Ids in use or promised: admitted, stamped, locally allocated, or pending assignments."""

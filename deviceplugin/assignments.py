@@ -40,6 +40,9 @@ def _when(text: str) -> datetime:
     except GpuSliceError:
         return _EPOCH
 MAX_LOCAL_NOTES = 256
+#: An Allocate note that PodResources never shows (admission failed after Allocate, or the pod was
+#: deleted first) stops holding its ids after this long, so the ids return to the pool.
+LOCAL_NOTE_TTL_S = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,7 @@ class AssignmentBook:
     pods: dict[str, PodView] = field(default_factory=dict)
     admitted: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
     local: list[frozenset[str]] = field(default_factory=list)
+    local_at: list[float] = field(default_factory=list)
 
     def upsert(self, pod: PodView) -> None:
         self.pods[pod.uid] = pod
@@ -117,20 +121,26 @@ class AssignmentBook:
         live_keys = {p.key for p in self.pods.values()}
         self.admitted = {k: v for k, v in self.admitted.items() if k in live_keys}
 
-    def set_admitted(self, admitted: Mapping[tuple[str, str], tuple[str, ...]]) -> None:
+    def set_admitted(self, admitted: Mapping[tuple[str, str], tuple[str, ...]], now: float | None = None) -> None:
         """Replace the admitted map with what PodResources ``List`` reports now.
 
         Local Allocate notes that PodResources now shows are dropped; the rest stay (kubelet records
-        the devices only after Allocate returns, so a List may not show them yet).
+        the devices only after Allocate returns, so a List may not show them yet) until
+        ``LOCAL_NOTE_TTL_S`` after the Allocate, when ``now`` (monotonic seconds) is given.
         """
         self.admitted = dict(admitted)
         seen = frozenset(i for ids_ in self.admitted.values() for i in ids_)
-        self.local = [ids_ for ids_ in self.local if not ids_ <= seen]
+        keep = [(ids_, at) for ids_, at in zip(self.local, self.local_at, strict=True)
+                if not ids_ <= seen and (now is None or now - at < LOCAL_NOTE_TTL_S)]
+        self.local = [ids_ for ids_, _ in keep]
+        self.local_at = [at for _, at in keep]
 
-    def note_allocated(self, slice_ids: Iterable[str]) -> None:
+    def note_allocated(self, slice_ids: Iterable[str], now: float = 0.0) -> None:
         """Kubelet just took these ids (an Allocate call): they are no longer free for anyone else."""
         self.local.append(frozenset(slice_ids))
+        self.local_at.append(now)
         del self.local[:-MAX_LOCAL_NOTES]
+        del self.local_at[:-MAX_LOCAL_NOTES]
 
     def pod_by_key(self, key: tuple[str, str]) -> PodView | None:
         for pod in self.pods.values():

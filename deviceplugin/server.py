@@ -197,7 +197,7 @@ class PluginState:
         placement = check_placement(self.inventory(), wanted)
         match = self.book.match(wanted) if self.book is not None else None
         if self.book is not None:
-            self.book.note_allocated(wanted)
+            self.book.note_allocated(wanted, time.monotonic())
         self.allocations += 1
         return placement, match
 

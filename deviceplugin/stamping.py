@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -130,7 +131,7 @@ class Stamper:
         self.passes += 1
         resp = await self.client.list_pods()
         admitted = admitted_ids(resp, self.resource)
-        self.book.set_admitted(admitted)
+        self.book.set_admitted(admitted, time.monotonic())
         new = len(set(admitted) - self._seen)
         self._seen = set(admitted)
         if self.on_admitted is not None:

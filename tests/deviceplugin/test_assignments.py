@@ -165,3 +165,16 @@ def test_pod_view_decodes_assignment_and_stamp() -> None:
 def test_pod_view_ignores_copied_or_foreign_assignments() -> None:
     assert pod_view(_raw("u1", "someone-else", NODE), NODE).assignment_ids is None
     assert pod_view(_raw("u1", "u1", "node-b"), NODE).assignment_ids is None
+
+
+def test_an_allocate_note_never_seen_by_pod_resources_expires() -> None:
+    from deviceplugin.assignments import LOCAL_NOTE_TTL_S
+
+    book = AssignmentBook(NODE)
+    x = MIG.instances[1].slice_ids()
+    book.note_allocated(x, now=100.0)
+    book.upsert(pod("b", x, "2025-01-01T00:00:01Z"))
+    book.set_admitted({}, now=100.0 + LOCAL_NOTE_TTL_S - 1)
+    assert book.candidates() == []  # still held by the recent Allocate
+    book.set_admitted({}, now=100.0 + LOCAL_NOTE_TTL_S)
+    assert [c.pod.name for c in book.candidates()] == ["b"]
