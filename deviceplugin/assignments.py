@@ -62,6 +62,14 @@ class PodView:
     assigned_at: str = ""
     assignment_ids: tuple[str, ...] | None = None
     allocated_ids: tuple[str, ...] | None = None
+    _order: tuple[datetime, datetime, str, str] = field(default=(datetime.min, datetime.min, "", ""), init=False,
+                                                        repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Parsed once when the watch delivers the pod: the RPC path sorts by it on every call.
+        created = _when(self.created)
+        assigned = _when(self.assigned_at) if self.assigned_at else created
+        object.__setattr__(self, "_order", (assigned, created, self.namespace, self.name))
 
     @property
     def key(self) -> tuple[str, str]:
@@ -77,8 +85,7 @@ class PodView:
 
         Times are compared parsed: RFC 3339 strings with and without fractions do not sort as text.
         """
-        created = _when(self.created)
-        return (_when(self.assigned_at) if self.assigned_at else created, created, self.namespace, self.name)
+        return self._order
 
 
 @dataclass(frozen=True, slots=True)
