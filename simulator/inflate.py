@@ -9,33 +9,43 @@ pods are removed until it does not (the artifact's tune-down).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 import numpy as np
 
 from simulator.openb import OpenbPod
 
+T = TypeVar("T")
+
+
+def inflate_items(items: Sequence[T], capacity: int, seed: int, ratio: float, *, share: Callable[[T], int],
+                  total: Callable[[T], int], retag: Callable[[T, int], T]) -> list[T]:
+    """The method over any workload: ``share`` is an item's per-GPU request, ``total`` its full one,
+    ``retag`` names the n-th drawn copy. ``items`` come in the order the shuffle starts from."""
+    rng = np.random.default_rng(seed)
+    out = [items[i] for i in rng.permutation(len(items))]
+    running = sum(total(x) for x in out)
+    target = ratio * capacity
+    if ratio <= 0 or running == target or not items:
+        return out
+    if running > target:
+        while running > target and out:
+            running -= total(out.pop(int(rng.integers(len(out)))))
+        return out
+    n = 0
+    while True:
+        item = items[int(rng.integers(len(items)))]
+        if running + share(item) > target:
+            return out
+        out.append(retag(item, n))
+        running += total(item)
+        n += 1
+
 
 def inflate(pods: Sequence[OpenbPod], capacity_milli: int, seed: int, ratio: float = 1.3) -> list[OpenbPod]:
-    rng = np.random.default_rng(seed)
-    ordered = sorted(pods, key=lambda p: p.name)
-    out = [ordered[i] for i in rng.permutation(len(ordered))]
-    total = sum(p.total_milli for p in out)
-    target = ratio * capacity_milli
-    if ratio <= 0 or total == target:
-        return out
-    if total > target:
-        while total > target and out:
-            victim = out.pop(int(rng.integers(len(out))))
-            total -= victim.total_milli
-        return out
-    i = 0
-    while True:
-        pod = ordered[int(rng.integers(len(ordered)))]
-        if total + pod.gpu_milli > target:
-            break
-        out.append(replace(pod, name=f"{pod.name}-tuned-{i}"))
-        total += pod.total_milli
-        i += 1
-    return out
+    """Openb pods, sorted by name first as the artifact does."""
+    return inflate_items(sorted(pods, key=lambda p: p.name), capacity_milli, seed, ratio,
+                         share=lambda p: p.gpu_milli, total=lambda p: p.total_milli,
+                         retag=lambda p, n: replace(p, name=f"{p.name}-tuned-{n}"))

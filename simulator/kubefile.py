@@ -14,8 +14,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from gpuslice import annotations as ann
 from gpuslice.errors import GpuSliceError
 from gpuslice.kubelist import node_inventory, node_name, parse_list_text
@@ -24,6 +22,7 @@ from gpuslice.packing.build import pack_request, state_from_inventories
 from gpuslice.packing.state import ClusterState, NodeSpec, PackRequest
 from gpuslice.requests import parse_request
 from gpuslice.units import MIB, parse_quantity
+from simulator.inflate import inflate_items
 
 
 class KubeFileError(GpuSliceError):
@@ -169,26 +168,6 @@ def load_kube_cluster(paths: Sequence[str | os.PathLike[str]]) -> KubeCluster:
 
 def inflate_requests(requests: Sequence[PackRequest], capacity_slices: int, seed: int,
                      ratio: float = 1.3) -> list[PackRequest]:
-    """The FGD artifact's inflation (``simulator.inflate``) over packing requests.
-
-    Shuffle with the seed, then append random draws (with replacement) until the next draw's
-    per-GPU share would pass ``ratio`` x capacity; a workload already above it loses random pods.
-    """
-    rng = np.random.default_rng(seed)
-    out = [requests[i] for i in rng.permutation(len(requests))]
-    total = sum(r.total_slices for r in out)
-    target = ratio * capacity_slices
-    if ratio <= 0 or total == target or not requests:
-        return out
-    if total > target:
-        while total > target and out:
-            total -= out.pop(int(rng.integers(len(out)))).total_slices
-        return out
-    n = 0
-    while True:
-        pod = requests[int(rng.integers(len(requests)))]
-        if total + pod.slices > target:
-            return out
-        out.append(replace(pod, uid=f"{pod.uid}-tuned-{n}"))
-        total += pod.total_slices
-        n += 1
+    """The FGD artifact's inflation (``simulator.inflate``) over packing requests, in listed order."""
+    return inflate_items(requests, capacity_slices, seed, ratio, share=lambda r: r.slices,
+                         total=lambda r: r.total_slices, retag=lambda r, n: replace(r, uid=f"{r.uid}-tuned-{n}"))
