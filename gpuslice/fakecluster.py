@@ -14,7 +14,7 @@ import random
 import re
 import uuid as uuidlib
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from typing import Any, Literal, get_args
 
@@ -55,6 +55,12 @@ _NODE_CPUS = 96
 _NODE_MEMORY_GI = 1024
 
 
+#: Nodes are created 7 days before ``now`` (pods at most that long ago), so ``now`` must leave room
+#: for that date to exist.
+CREATED_BEFORE = timedelta(days=7)
+EARLIEST_TIME = datetime.min.replace(tzinfo=UTC) + CREATED_BEFORE
+
+
 class FakeClusterError(GpuSliceError):
     """Arguments that do not describe a cluster this project could run on."""
 
@@ -90,6 +96,9 @@ class FakeClusterSpec:
             raise FakeClusterError(f"--mode must be one of {', '.join(CLUSTER_MODES)}, got {self.mode!r}")
         if self.now.tzinfo is None:
             raise FakeClusterError("the generation time must be timezone-aware")
+        if self.now < EARLIEST_TIME:
+            raise FakeClusterError(f"--time must be {ann.format_time(EARLIEST_TIME)} or later (nodes are dated "
+                                   f"{CREATED_BEFORE.days} days before it), got {ann.format_time(self.now)}")
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", self.node_prefix) or len(self.node_prefix) > 40:
             raise FakeClusterError(f"node prefix {self.node_prefix!r} is not a valid DNS label start")
         try:
@@ -237,7 +246,7 @@ def _node_object(spec: FakeClusterSpec, prod: Product, name: str, gpus: tuple[Gp
         annotations[ann.CORDON_KEY] = ann.encode_cordon(cordon)
     resources = {"cpu": str(_NODE_CPUS), "memory": f"{_NODE_MEMORY_GI}Gi", "pods": "110",
                  "ephemeral-storage": "3500Gi", RESOURCE: str(slice_count)}
-    created = ann.format_time(spec.now - timedelta(days=7))
+    created = ann.format_time(spec.now - CREATED_BEFORE)
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -348,7 +357,7 @@ def generate(spec: FakeClusterSpec) -> FakeCluster:
                 unplaced += spec.pods_per_node - i
                 break
             request, placement = chosen
-            created = spec.now - timedelta(minutes=rng.randint(5, 7 * 24 * 60))
+            created = spec.now - timedelta(minutes=rng.randint(5, int(CREATED_BEFORE.total_seconds()) // 60))
             owner = owners.pick(request.slices, placement.gpus)
             pod, held = _pod_object(spec, name, request, placement, owner, rng, created)
             pods.append(pod)

@@ -184,6 +184,9 @@ def test_dump_is_kubectl_like_and_parses() -> None:
      "gpu-slice fake-cluster: error: product G1 has no known memory size; pick a named model\n"),
     (["--nodes", "1", "--time", "now"],
      "gpu-slice fake-cluster: error: --time 'now' is not an RFC 3339 timestamp such as 2025-01-01T00:00:00Z\n"),
+    (["--nodes", "1", "--time", "0001-01-01T00:00:00Z"],
+     "gpu-slice fake-cluster: error: --time must be 0001-01-08T00:00:00Z or later (nodes are dated 7 days "
+     "before it), got 0001-01-01T00:00:00Z\n"),
 ])
 def test_cli_refusals_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
                              message: str) -> None:
@@ -210,3 +213,10 @@ def test_dispatcher_runs_fake_cluster(tmp_path: Path) -> None:
 def test_spec_validation_direct() -> None:
     with pytest.raises(FakeClusterError, match="node prefix 'Bad_Prefix' is not a valid DNS label start"):
         generate(FakeClusterSpec(nodes=1, node_prefix="Bad_Prefix"))
+
+
+def test_earliest_time_is_accepted_and_the_one_before_refused() -> None:
+    earliest = datetime(1, 1, 8, tzinfo=UTC)
+    assert generate(FakeClusterSpec(nodes=1, gpus_per_node=1, pods_per_node=2, now=earliest)).document["items"]
+    with pytest.raises(FakeClusterError, match="--time must be 0001-01-08T00:00:00Z or later"):
+        generate(FakeClusterSpec(nodes=1, now=earliest - timedelta(microseconds=1)))
