@@ -6,6 +6,7 @@ Malformed input raises :class:`TraceError` naming the file, line and column.
 from __future__ import annotations
 
 import csv
+import io
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,29 +55,47 @@ class OpenbPod:
         return self.num_gpu * self.gpu_milli
 
 
-def _rows(path: Path, required: Sequence[str]) -> list[tuple[int, dict[str, str]]]:
+def _text(path: Path) -> str:
+    """The file as UTF-8 text (a byte-order mark is dropped); undecodable or binary content is a
+    ``TraceError`` naming the line, not a ``UnicodeDecodeError`` traceback."""
     try:
-        with path.open(newline="") as fh:
-            reader = csv.reader(fh)
-            try:
-                header = [h.strip() for h in next(reader)]
-            except StopIteration:
-                raise TraceError(path, 1, "", "empty file (no header)") from None
-            missing = [c for c in required if c not in header]
-            if missing:
-                raise TraceError(path, 1, missing[0], f"header lacks column(s) {', '.join(missing)}; "
-                                 f"expected {', '.join(required)}")
-            out = []
-            for row in reader:
-                line = reader.line_num
-                if not row or all(not c.strip() for c in row):
-                    continue
-                if len(row) != len(header):
-                    raise TraceError(path, line, "", f"{len(row)} fields, header has {len(header)}")
-                out.append((line, dict(zip(header, (c.strip() for c in row), strict=True))))
-            return out
+        data = path.read_bytes()
     except OSError as e:
         raise TraceError(path, 0, "", f"cannot read: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise TraceError(path, line, "", f"not UTF-8 text (byte 0x{data[e.start]:02x}); a CSV must be "
+                         "UTF-8, and a compressed file must be uncompressed first") from None
+    nul = text.find("\0")
+    if nul >= 0:
+        raise TraceError(path, text.count("\n", 0, nul) + 1, "", "contains a NUL byte: a binary file, not a CSV")
+    return text
+
+
+def _rows(path: Path, required: Sequence[str]) -> list[tuple[int, dict[str, str]]]:
+    reader = csv.reader(io.StringIO(_text(path), newline=""))
+    try:
+        try:
+            header = [h.strip() for h in next(reader)]
+        except StopIteration:
+            raise TraceError(path, 1, "", "empty file (no header)") from None
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise TraceError(path, 1, missing[0], f"header lacks column(s) {', '.join(missing)}; "
+                             f"expected {', '.join(required)}")
+        out = []
+        for row in reader:
+            line = reader.line_num
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) != len(header):
+                raise TraceError(path, line, "", f"{len(row)} fields, header has {len(header)}")
+            out.append((line, dict(zip(header, (c.strip() for c in row), strict=True))))
+        return out
+    except csv.Error as e:
+        raise TraceError(path, reader.line_num, "", f"not a valid CSV: {e}") from None
 
 
 def _int(path: Path, line: int, row: dict[str, str], col: str, *, minimum: int = 0) -> int:

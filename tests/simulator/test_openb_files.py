@@ -61,3 +61,24 @@ def test_slice_granularity_rounds_up() -> None:
     whole = to_request(OpenbPod("w", 1000, 1, 4, 1000), 7)
     assert whole.gpus == 4 and whole.slices == 7
     assert to_request(OpenbPod("c", 1000, 1, 0, 0)).gpus == 0
+
+
+def test_non_utf8_file_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.csv"
+    path.write_bytes(b"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,1,500\np\xe9,1,1,1,500\n")
+    with pytest.raises(TraceError) as e:
+        read_pods(path)
+    assert e.value.line == 3 and str(path) in str(e.value) and "UTF-8" in str(e.value)
+    with pytest.raises(TraceError, match="UTF-8"):
+        read_nodes(path)
+
+
+def test_binary_file_oversized_field_and_byte_order_mark(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="line 2: contains a NUL byte"):
+        read_pods(write(tmp_path, "nul.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np\x00,1,1,1,5\n"))
+    huge = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,1,500\n\"" + "x" * 200_000 + "\",1,1,1,500\n"
+    with pytest.raises(TraceError, match="line 3: not a valid CSV"):
+        read_pods(write(tmp_path, "huge.csv", huge))
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbfname,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,1,500\n")
+    assert read_pods(bom)[0].name == "p0"
