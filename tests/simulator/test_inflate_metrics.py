@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from simulator.inflate import inflate
 from simulator.metrics import binned_curve, first_failure_arrived, unallocated_at
@@ -46,3 +47,16 @@ def test_metrics_follow_the_published_method() -> None:
     assert math.isnan(unallocated_at(arrived, allocated, 50))
     x, mean = binned_curve(arrived, allocated)
     assert x.shape == (131,) and mean[98] == 98.0 and math.isnan(mean[10])
+
+
+def test_inflation_with_no_gpu_demand_returns_the_trace_as_is() -> None:
+    pods = [OpenbPod(f"c{i}", 1000, 1, 0, 0) for i in range(3)]
+    out = inflate(pods, 8000, seed=0, ratio=1.3)  # used to loop forever, appending CPU-only copies
+    assert sorted(p.name for p in out) == ["c0", "c1", "c2"]
+
+
+def test_inflation_refuses_a_ratio_that_is_not_a_finite_non_negative_number() -> None:
+    pods = [OpenbPod("a", 1, 1, 1, 400)]
+    for ratio in (math.nan, math.inf, -1.0):
+        with pytest.raises(ValueError, match="ratio"):
+            inflate(pods, 1000, seed=0, ratio=ratio)
