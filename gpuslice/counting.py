@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+from gpuslice import rules
 from gpuslice.annotations import (
     ALLOCATED_KEY,
     ASSIGNMENT_KEY,
@@ -161,19 +162,30 @@ def _claim(pod: Mapping[str, Any], *, now: datetime,
         return None, None, node_name
     assignment: Assignment | None = None
     allocated: Allocated | None = None
-    try:
-        if raw_assignment is not None:
-            assignment = decode_assignment(raw_assignment)
-        if raw_allocated is not None:
+    damaged: PodProblem | None = None
+    if raw_allocated is not None:
+        try:
             allocated = decode_allocated(raw_allocated)
-    except GpuSliceError as err:
-        return None, PodProblem(label, uid, f"{err}; the pod holds nothing until it is fixed"), node_name
+        except GpuSliceError as err:
+            # A broken stamp must not free a running pod's slices: fall back to the assignment.
+            damaged = PodProblem(label, uid, f"{err}; counted by its {ASSIGNMENT_KEY} instead")
+    if raw_assignment is not None:
+        try:
+            assignment = decode_assignment(raw_assignment)
+        except GpuSliceError as err:
+            if allocated is None or not node_name:
+                return None, PodProblem(label, uid, f"{err}; the pod holds nothing until it is fixed"), node_name
+            # Bound and stamped: kubelet's ids stand on their own, as for another scheduler's pod.
+            damaged = PodProblem(label, uid, f"{err}; counted by its {ALLOCATED_KEY} stamp instead")
     if assignment is None:
-        assert allocated is not None
+        if allocated is None:
+            assert damaged is not None
+            return None, PodProblem(label, uid, f"{damaged.reason.split('; counted')[0]}; the pod holds nothing "
+                                                "until it is fixed"), node_name
         if not node_name:
             return None, PodProblem(label, uid, f"{ALLOCATED_KEY} is set on a pod that is not bound"), ""
         return (_Claim(uid, label, node_name, True, allocated.slice_ids, "allocated", None, allocated,
-                       allocated.time), None, node_name)
+                       allocated.time), damaged, node_name)
     concerns = node_name or assignment.node
     if assignment.pod_uid != uid:
         return None, PodProblem(
@@ -187,9 +199,9 @@ def _claim(pod: Mapping[str, Any], *, now: datetime,
         return None, None, concerns  # reservation expired: holds nothing, nothing wrong
     if allocated is not None:
         return (_Claim(uid, label, assignment.node, bool(node_name), allocated.slice_ids, "allocated",
-                       assignment, allocated, assignment.time), None, concerns)
+                       assignment, allocated, assignment.time), damaged, concerns)
     return (_Claim(uid, label, assignment.node, bool(node_name), assignment.slice_ids, "assignment",
-                   assignment, None, assignment.time), None, concerns)
+                   assignment, None, assignment.time), damaged, concerns)
 
 
 def _settle(node: str, claims: list[_Claim], problems: list[PodProblem]) -> Holdings:
@@ -296,7 +308,7 @@ def placement_from_assignment(assignment: Assignment, inventory: NodeInventory) 
         return Placement(inventory.node, "mig", (gpu.uuid,), inst.uuid, assignment.slice_ids, inst.memory_mib)
     if len(gpus) == 1 and gpus[0].mode == "mps":
         gpu = gpus[0]
-        memory = gpu.memory_mib * len(assignment.slice_ids) // gpu.slices
+        memory = rules.mps_share_mib(gpu.memory_mib, len(assignment.slice_ids), gpu.slices)
         return Placement(inventory.node, "mps", (gpu.uuid,), None, assignment.slice_ids, memory)
     if any(g.mode != "whole" for g in gpus):
         raise InventoryError(f"assignment for pod {assignment.pod_uid} spans GPUs that are not all whole-mode")

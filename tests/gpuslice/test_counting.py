@@ -115,17 +115,31 @@ def test_unbound_assignment_holds_until_reservation_expires() -> None:
 def test_malformed_annotations_hold_nothing_and_are_reported() -> None:
     bad_json = make_pod("u1", raw={ann.ASSIGNMENT_KEY: "{not json"})
     future = make_pod("u2", raw={ann.ASSIGNMENT_KEY: '{"v": 2}'})
-    bad_alloc = make_pod("u3", assigned=A, raw={ann.ALLOCATED_KEY: '{"v": 1, "sliceIds": ["x"], '
-                                                                   '"time": "2025-01-01T00:00:00Z"}'})
     good = make_pod("u4", assigned=B)
-    h = held_slices("n1", [bad_json, future, bad_alloc, good], now=NOW, reservation_ttl=TTL)
+    h = held_slices("n1", [bad_json, future, good], now=NOW, reservation_ttl=TTL)
     assert set(h.held) == {"u4"}
     reasons = {p.pod_uid: p.reason for p in h.problems}
     assert reasons["u1"].startswith("example.com/gpu-slice.assignment is not valid JSON")
     assert reasons["u2"] == ("unsupported version 2 of example.com/gpu-slice.assignment; this build reads "
                              "version 1; the pod holds nothing until it is fixed")
-    assert reasons["u3"] == ("example.com/gpu-slice.allocated: sliceIds: device id 'x' is not of the form "
-                             "<uuid>::<n>; the pod holds nothing until it is fixed")
+
+
+def test_malformed_allocated_stamp_falls_back_to_the_assignment() -> None:
+    """A running pod whose stamp is broken keeps its slices: freeing them would double-book the GPU."""
+    bad_alloc = make_pod("u3", assigned=A, raw={ann.ALLOCATED_KEY: '{"v": 1, "sliceIds": ["x"], '
+                                                                   '"time": "2025-01-01T00:00:00Z"}'})
+    h = held_slices("n1", [bad_alloc], now=NOW, reservation_ttl=TTL)
+    assert {u: (x.slice_ids, x.source) for u, x in h.held.items()} == {"u3": (frozenset(A), "assignment")}
+    assert [p.reason for p in h.problems] == [
+        "example.com/gpu-slice.allocated: sliceIds: device id 'x' is not of the form <uuid>::<n>; counted by "
+        "its example.com/gpu-slice.assignment instead"]
+
+
+def test_malformed_assignment_of_a_stamped_bound_pod_counts_the_stamp() -> None:
+    stamped = make_pod("u5", allocated=A, raw={ann.ASSIGNMENT_KEY: "{not json"})
+    h = held_slices("n1", [stamped], now=NOW, reservation_ttl=TTL)
+    assert {u: x.slice_ids for u, x in h.held.items()} == {"u5": frozenset(A)}
+    assert h.problems[0].reason.endswith("counted by its example.com/gpu-slice.allocated stamp instead")
 
 
 def test_pod_without_assignment_holds_its_allocated_ids() -> None:
