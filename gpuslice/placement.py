@@ -12,14 +12,16 @@ Memory is checked on every mode against the catalogue's real sizes with a relati
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
 
+from gpuslice import rules
 from gpuslice.catalogue import product
 from gpuslice.model import Gpu, GpuMode, NodeInventory
 from gpuslice.requests import SliceRequest
+from gpuslice.rules import DEFAULT_MEMORY_TOLERANCE
 from gpuslice.units import format_mib
 
-DEFAULT_MEMORY_TOLERANCE = 0.03
+__all__ = ["DEFAULT_MEMORY_TOLERANCE", "Feasibility", "Placement", "enumerate_placements", "suits"]
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,15 +67,14 @@ class Feasibility:
 
 
 def memory_fits(available_mib: float, request: SliceRequest, tolerance: float) -> bool:
-    """Whether ``available_mib`` meets the request's memory floor within the relative tolerance."""
-    if request.memory_mib is None:
-        return True
-    return Fraction(available_mib) >= request.memory_mib * (1 - Fraction(str(tolerance)))
+    """Whether ``available_mib`` meets the request's memory floor (the one rule: :mod:`gpuslice.rules`)."""
+    return rules.memory_fits(available_mib, None if request.memory_mib is None else float(request.memory_mib),
+                             tolerance)
 
 
 def isolation_allows(mode: GpuMode, request: SliceRequest) -> bool:
-    """``mig`` and ``mps`` pin the GPU mode (the packing state applies the same rule); ``any`` takes all."""
-    return request.isolation == "any" or mode == request.isolation
+    """``mig`` and ``mps`` pin the GPU mode; ``any`` takes all (:func:`gpuslice.rules.isolation_allows`)."""
+    return rules.isolation_allows(mode, request.isolation)
 
 
 def _memory_reason(gpu: Gpu, what: str, available: float, request: SliceRequest) -> str:
@@ -119,7 +120,7 @@ def _mps(node: str, gpu: Gpu, used: frozenset[str], request: SliceRequest, tol: 
     if k > s:
         reasons.append(f"{k} slices exceed the {s} slices of one MPS GPU")
         return
-    memory = (gpu.memory_mib * k) // s
+    memory = rules.mps_share_mib(gpu.memory_mib, k, s)
     if not memory_fits(memory, request, tol):
         reasons.append(_memory_reason(gpu, f"{k}/{s} of an MPS GPU", memory, request))
         return

@@ -35,6 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from gpuslice.packing.state import KIND_MIG, KIND_MPS, KIND_WHOLE, Candidates, ClusterState, PackRequest
+from gpuslice.rules import DEFAULT_MEMORY_TOLERANCE, memory_floor_met, mps_share_mib
 
 I64 = NDArray[np.int64]
 F64 = NDArray[np.float64]
@@ -45,7 +46,6 @@ B = NDArray[np.bool_]
 ShapeKey = tuple[int, int, int, frozenset[str] | None, int, str]
 
 ISOLATION_CODES = {"any": 0, "mig": 1, "mps": 2}
-MEMORY_TOLERANCE = 0.03  # as ClusterState.unit_accepts
 
 
 @dataclass(slots=True)
@@ -114,6 +114,7 @@ class Tests:
     multi: B
     aware: bool = False
     mps_multi: bool = False
+    tolerance: float = DEFAULT_MEMORY_TOLERANCE
 
     def __len__(self) -> int:
         return int(self.kvals.shape[0])
@@ -131,8 +132,8 @@ def accepts(free: I64, kind: I64, cap: I64, mem: I64, t: Tests) -> B:
     multi = multi_kind & (cp == t.kvals) & (f == t.kvals)
     ok = np.where(t.multi, multi, single)
     ok &= (t.iso == 0) | ((t.iso == 1) & (kd == KIND_MIG)) | ((t.iso == 2) & (kd == KIND_MPS))
-    share = np.where(kd == KIND_MPS, mem[..., None] * t.kvals / np.maximum(cp, 1), mem[..., None])
-    ok &= share >= t.mem * (1.0 - MEMORY_TOLERANCE)
+    share = np.where(kd == KIND_MPS, mps_share_mib(mem[..., None], t.kvals, cp), mem[..., None])
+    ok &= np.asarray(memory_floor_met(share, t.mem, t.tolerance), dtype=bool)
     return np.asarray(ok, dtype=bool)
 
 
@@ -200,6 +201,7 @@ class FragCache:
 
     def __init__(self) -> None:
         self.state_id = -1
+        self.layout = -1
         self.version = -1
         self.shapes: TargetShapes | None = None
         self.node_ver: I64 = np.zeros(0, dtype=np.int64)
@@ -211,8 +213,10 @@ class FragCache:
 
     def sync(self, state: ClusterState, shapes: TargetShapes, version: int) -> None:
         """Drop everything when the state object or the target distribution changed."""
-        if self.state_id != id(state) or self.version != version or self.shapes is None:
+        if (self.state_id != id(state) or self.layout != state.layout_version or self.version != version
+                or self.shapes is None):
             self.state_id = id(state)
+            self.layout = state.layout_version
             self.version = version
             self.shapes = shapes
             n, k = state.n_nodes, len(shapes.tests)
@@ -224,6 +228,7 @@ class FragCache:
             self.after = {}
         # Multi-GPU shapes may take free MPS GPUs only where the state allows it (the openb replay).
         shapes.tests.mps_multi = state.allow_mps_multi
+        shapes.tests.tolerance = state.memory_tolerance
 
     def node_frag(self, state: ClusterState) -> F64:
         """F(node) now, for every node."""

@@ -23,15 +23,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
 from gpuslice.packing.errors import PackingError
+from gpuslice.rules import DEFAULT_MEMORY_TOLERANCE, memory_floor_met, mps_share_mib
 
 I64 = NDArray[np.int64]
 F64 = NDArray[np.float64]
 B = NDArray[np.bool_]
+
+A = TypeVar("A", bound=NDArray[Any])
+
+
+def _grow(a: A, value: object) -> A:
+    """``a`` with one more element (same dtype)."""
+    return cast(A, np.concatenate([a, np.array([value], dtype=a.dtype)]))
+
 
 KIND_MPS = 0
 KIND_WHOLE = 1
@@ -136,11 +146,14 @@ class ClusterState:
     """Nodes and units as numpy arrays; see the module docstring for the layout."""
 
     def __init__(self, nodes: Sequence[NodeSpec], units: Sequence[UnitSpec], *, slices_per_gpu: int,
-                 allow_mps_multi: bool = False) -> None:
+                 allow_mps_multi: bool = False, memory_tolerance: float = DEFAULT_MEMORY_TOLERANCE) -> None:
         if slices_per_gpu < 1:
             raise PackingError(f"slices per GPU must be at least 1, got {slices_per_gpu}")
+        if not 0 <= memory_tolerance < 1:
+            raise PackingError(f"memory tolerance must be in [0, 1), got {memory_tolerance}")
         n = len(nodes)
         self.slices_per_gpu = slices_per_gpu
+        self.memory_tolerance = memory_tolerance
         self.allow_mps_multi = allow_mps_multi
         self.node_names: tuple[str, ...] = tuple(x.name for x in nodes)
         self.node_index: dict[str, int] = {name: i for i, name in enumerate(self.node_names)}
@@ -211,6 +224,11 @@ class ClusterState:
         self.allocated_slices = int((self.unit_cap[:u] - self.unit_free[:u]).sum())
         self._owners: dict[str, dict[int, int]] = {}  # owner -> GPU id -> pods of that owner on it
         self._product_masks: dict[frozenset[str] | None, B] = {}
+        # Structure changes (a node added, removed or re-laid out) bump this; caches keyed by node
+        # row, unit row or slot compare it, as they compare ``node_version`` for usage changes.
+        self.layout_version = 0
+        self.node_alive: B = np.ones(n, dtype=bool)
+        self.dead_units = 0
 
     # ----- views ---------------------------------------------------------------------------
     @property
@@ -253,7 +271,7 @@ class ClusterState:
         return np.bincount(self.unit_gpu_id[:n], weights=used, minlength=self.n_gpus).astype(np.int64)
 
     # ----- feasibility ----------------------------------------------------------------------
-    def unit_accepts(self, req: PackRequest, *, memory_tolerance: float = 0.03) -> B:
+    def unit_accepts(self, req: PackRequest) -> B:
         """Units (length n_units + 1, sentinel False) a request's per-GPU part could go on."""
         k = req.slices
         kind = self.unit_kind
@@ -267,10 +285,8 @@ class ClusterState:
         elif req.isolation == "mps":
             ok &= kind == KIND_MPS
         if req.gpu_memory_mib > 0:
-            cap = np.maximum(self.unit_cap, 1)
-            # k/S of the GPU floored to whole MiB, exactly as gpuslice.placement computes it.
-            share = np.where(kind == KIND_MPS, (self.unit_mem * k) // cap, self.unit_mem)
-            ok &= share >= req.gpu_memory_mib * (1.0 - memory_tolerance)
+            share = np.where(kind == KIND_MPS, mps_share_mib(self.unit_mem, k, self.unit_cap), self.unit_mem)
+            ok &= np.asarray(memory_floor_met(share, req.gpu_memory_mib, self.memory_tolerance), dtype=bool)
         if req.owner:
             taken = self.owner_units(req.owner)
             if taken:
@@ -278,18 +294,214 @@ class ClusterState:
                 ok[np.array(taken, dtype=np.int64)] = False
         return np.asarray(ok, dtype=bool)
 
-    def fit(self, req: PackRequest, *, memory_tolerance: float = 0.03) -> Fit:
+    def fit(self, req: PackRequest) -> Fit:
         """kube-scheduler's CPU/RAM fit, the product affinity and the GPU fit, per node."""
-        cpu = self.node_cpu_free >= req.cpu_milli
-        mem = self.node_mem_free >= req.memory_mib
+        cpu = (self.node_cpu_free >= req.cpu_milli) & self.node_alive
+        mem = (self.node_mem_free >= req.memory_mib) & self.node_alive
         if req.gpus == 0:
             ones = np.ones(self.n_nodes, dtype=bool)
             return Fit(cpu, mem, ones, ones)
         prod = self.product_mask(req.products)
-        ok = self.unit_accepts(req, memory_tolerance=memory_tolerance)
+        ok = self.unit_accepts(req)
         okm = ok[self.node_units]
         gpu = np.asarray(okm.any(axis=1) if req.gpus == 1 else okm.sum(axis=1) >= req.gpus, dtype=bool)
         return Fit(cpu, mem, prod, gpu, ok)
+
+    # ----- structure: a live cluster changes shape one node at a time ---------------------------
+    def add_node(self, spec: NodeSpec, units: Sequence[UnitSpec]) -> int:
+        """Append a node and its units (their ``node`` field is ignored); returns the node's row.
+
+        Arrays are copied once per call (numpy concatenation), which at thousands of nodes costs far
+        less than rebuilding the state; rows of other nodes and units never move.
+        """
+        if spec.name in self.node_index:
+            raise PackingError(f"node {spec.name} is already in the state")
+        v = self.n_nodes
+        self.node_names = (*self.node_names, spec.name)
+        self.node_index[spec.name] = v
+        if spec.product not in self.product_index:
+            self.products = (*self.products, spec.product)
+            self.product_index[spec.product] = len(self.products) - 1
+        self._product_masks = {}
+        grow = _grow
+        self.node_product = grow(self.node_product, self.product_index[spec.product])
+        self.node_cpu_cap = grow(self.node_cpu_cap, spec.cpu_milli)
+        self.node_mem_cap = grow(self.node_mem_cap, spec.memory_mib)
+        self.node_cpu_free = grow(self.node_cpu_free, spec.cpu_milli)
+        self.node_mem_free = grow(self.node_mem_free, spec.memory_mib)
+        self.node_cost = grow(self.node_cost, spec.cost_per_hour)
+        self.node_version = grow(self.node_version, 0)
+        self.node_alive = grow(self.node_alive, True)
+        self.node_gpus = grow(self.node_gpus, 0)
+        self.node_slice_cap = grow(self.node_slice_cap, 0)
+        self.node_classes = np.vstack([self.node_classes, np.zeros((1, POD_CLASSES), dtype=np.int64)])
+        self.node_units = np.vstack([self.node_units, np.full((1, self.width), self.n_units, dtype=np.int64)])
+        self._append_units(v, units)
+        self.max_node_cpu = max(self.max_node_cpu, spec.cpu_milli)
+        return v
+
+    def remove_node(self, v: int) -> None:
+        """Take a node out: it never fits again and its units stop counting. Its row stays (rows
+        never move); callers release what pods hold there first, so owner counts stay right."""
+        self._check_node(v)
+        self._detach_units(v)
+        del self.node_index[self.node_names[v]]
+        self.node_alive[v] = False
+        self.node_cpu_cap[v] = self.node_mem_cap[v] = 0
+        self.node_cpu_free[v] = self.node_mem_free[v] = -1
+        self.node_classes[v] = 0
+        self.node_version[v] += 1
+        self.layout_version += 1
+
+    def replace_units(self, v: int, units: Sequence[UnitSpec]) -> None:
+        """A node's GPU layout changed (GPUs, modes, S or MIG instances): its old unit rows are
+        retired and new ones appended. Usage on them is the caller's to re-apply."""
+        self._check_node(v)
+        self._detach_units(v)
+        self._append_units(v, units)
+
+    def set_node_resources(self, v: int, cpu_milli: int, memory_mib: int) -> None:
+        """New allocatable CPU and memory; what pods use there is kept."""
+        self._check_node(v)
+        self.node_cpu_free[v] += cpu_milli - int(self.node_cpu_cap[v])
+        self.node_mem_free[v] += memory_mib - int(self.node_mem_cap[v])
+        self.node_cpu_cap[v], self.node_mem_cap[v] = cpu_milli, memory_mib
+        self.max_node_cpu = max(self.max_node_cpu, cpu_milli)
+        self.node_version[v] += 1
+
+    def set_node_product(self, v: int, product: str) -> None:
+        self._check_node(v)
+        if product not in self.product_index:
+            self.products = (*self.products, product)
+            self.product_index[product] = len(self.products) - 1
+        self.node_product[v] = self.product_index[product]
+        self._product_masks = {}
+        self.node_version[v] += 1
+
+    def set_units_usable(self, rows: Sequence[int], usable: Sequence[bool]) -> None:
+        """Health or cordon of units changed in place (same layout)."""
+        if not rows:
+            return
+        r = np.asarray(rows, dtype=np.int64)
+        if np.any((r < 0) | (r >= self.n_units)):
+            raise PackingError("unit row out of range")
+        self.unit_usable[r] = np.asarray(usable, dtype=bool)
+        self.node_version[np.unique(self.unit_node[r])] += 1
+
+    def set_node_usage(self, v: int, rows: Sequence[int], free: Sequence[int], cpu_used: int, memory_used: int,
+                       classes: Sequence[int]) -> None:
+        """Set what is in use on one node in place: free slices of its units, CPU and memory used,
+        pods per class. The live view computes these from the counting rule; owners are adjusted
+        separately (:meth:`adjust_owner`)."""
+        self._check_node(v)
+        if rows:
+            r = np.asarray(rows, dtype=np.int64)
+            f = np.asarray(free, dtype=np.int64)
+            if np.any(self.unit_node[r] != v):
+                raise PackingError(f"units not on node {v}")
+            if np.any(f < 0) or np.any(f > self.unit_cap[r]):
+                raise PackingError("unit free slices outside 0..capacity")
+            self.allocated_slices += int((self.unit_free[r] - f).sum())
+            self.unit_free[r] = f
+        self.node_cpu_free[v] = int(self.node_cpu_cap[v]) - cpu_used
+        self.node_mem_free[v] = int(self.node_mem_cap[v]) - memory_used
+        self.node_classes[v] = np.asarray(classes, dtype=np.int64)
+        self.node_version[v] += 1
+
+    def adjust_owner(self, owner: str, gpu_id: int, delta: int) -> None:
+        """Pods of ``owner`` on GPU ``gpu_id`` changed by ``delta`` (the owner-spread bookkeeping)."""
+        d = self._owners.setdefault(owner, {})
+        c = d.get(gpu_id, 0) + delta
+        if c < 0:
+            raise PackingError(f"owner {owner} would hold {c} pods on GPU {gpu_id}")
+        if c:
+            d[gpu_id] = c
+        else:
+            d.pop(gpu_id, None)
+            if not d:
+                del self._owners[owner]
+
+    def node_rows(self, v: int) -> I64:
+        """Unit rows of node ``v`` in position order."""
+        row: I64 = self.node_units[v]
+        return np.asarray(row[row < self.n_units], dtype=np.int64)
+
+    def _check_node(self, v: int) -> None:
+        if not 0 <= v < self.n_nodes or not self.node_alive[v]:
+            raise PackingError(f"no live node at row {v}")
+
+    def _detach_units(self, v: int) -> None:
+        rows = self.node_rows(v)
+        if rows.shape[0]:
+            self.allocated_slices -= int((self.unit_cap[rows] - self.unit_free[rows]).sum())
+            self.total_slices -= int(self.unit_cap[rows].sum())
+            self.unit_usable[rows] = False
+            self.unit_free[rows] = self.unit_cap[rows]
+            self.dead_units += int(rows.shape[0])
+        self.node_units[v] = self.n_units
+        self.node_gpus[v] = 0
+        self.node_slice_cap[v] = 0
+        self._refresh_views()
+        self.node_version[v] += 1
+        self.layout_version += 1
+
+    def _append_units(self, v: int, units: Sequence[UnitSpec]) -> None:
+        us = sorted(units, key=lambda x: x.gpu_index)
+        for x in us:
+            if x.kind not in (KIND_MPS, KIND_WHOLE, KIND_MIG) or x.capacity < 1:
+                raise PackingError(f"bad unit {x}")
+            if (x.free if x.free is not None else x.capacity) not in range(x.capacity + 1):
+                raise PackingError("unit free slices outside 0..capacity")
+        k = len(us)
+        old = self.n_units
+        new_sentinel = old + k
+        if k:
+            def ins(a: A, values: list[Any]) -> A:
+                return cast(A, np.concatenate([a[:old], np.array(values, dtype=a.dtype), a[old:]]))
+
+            gpu_ids: dict[int, int] = {}
+            for x in us:
+                gpu_ids.setdefault(x.gpu_index, self.n_gpus + len(gpu_ids))
+            self.unit_node = ins(self.unit_node, [v] * k)
+            self.unit_gpu_index = ins(self.unit_gpu_index, [x.gpu_index for x in us])
+            self.unit_kind = ins(self.unit_kind, [x.kind for x in us])
+            self.unit_cap = ins(self.unit_cap, [x.capacity for x in us])
+            self.unit_mem = ins(self.unit_mem, [x.memory_mib for x in us])
+            self.unit_free = ins(self.unit_free, [x.capacity if x.free is None else x.free for x in us])
+            self.unit_usable = ins(self.unit_usable, [x.usable for x in us])
+            self.unit_gpu_id = ins(self.unit_gpu_id, [gpu_ids[x.gpu_index] for x in us])
+            self.unit_pos = ins(self.unit_pos, list(range(k)))
+            name = self.node_names[v]
+            self.unit_gpu = (*self.unit_gpu, *(x.gpu or f"{name}/gpu{x.gpu_index}" for x in us))
+            self.unit_instance = (*self.unit_instance, *(x.instance for x in us))
+            caps = np.zeros(len(gpu_ids), dtype=np.int64)
+            for x in us:
+                caps[gpu_ids[x.gpu_index] - self.n_gpus] += x.capacity
+            self.gpu_cap = np.concatenate([self.gpu_cap, caps])
+            self.n_gpus += len(gpu_ids)
+            self.node_units[self.node_units == old] = new_sentinel
+            if k > self.width:
+                pad = np.full((self.n_nodes, k - self.width), new_sentinel, dtype=np.int64)
+                self.node_units = np.hstack([self.node_units, pad])
+                self.width = k
+            self.node_units[v, :k] = np.arange(old, new_sentinel, dtype=np.int64)
+            self.n_units = new_sentinel
+            caps_new = np.array([x.capacity for x in us], dtype=np.int64)
+            free_new = np.array([x.capacity if x.free is None else x.free for x in us], dtype=np.int64)
+            self.total_slices += int(caps_new.sum())
+            self.allocated_slices += int((caps_new - free_new).sum())
+        self.node_gpus[v] = k  # positions, as the constructor counts them
+        self.node_slice_cap[v] = sum(x.capacity for x in us)
+        self.max_node_slices = max(self.max_node_slices, int(self.node_slice_cap[v]))
+        self.max_node_gpus = max(self.max_node_gpus, k)
+        self._refresh_views()
+        self.node_version[v] += 1
+        self.layout_version += 1
+
+    def _refresh_views(self) -> None:
+        self.kind_m = self.unit_kind[self.node_units]
+        self.cap_m = self.unit_cap[self.node_units]
+        self.mem_m = self.unit_mem[self.node_units]
 
     # ----- mutation -------------------------------------------------------------------------
     def take(self, node: int, units: Sequence[int], slices: int, cpu_milli: int, memory_mib: int,

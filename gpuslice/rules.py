@@ -1,0 +1,62 @@
+"""The fit rules every part applies, each in one function: memory floor, MPS memory share,
+isolation, and how a slice count maps onto GPUs.
+
+The object model (:mod:`gpuslice.placement`, used by the device plugin and at bind), the array
+state (:mod:`gpuslice.packing.state`, used by filter and the simulator) and the policies' target
+workload (:mod:`gpuslice.packing.frag`) all call these, so a pod that one of them accepts is never
+refused by another. The functions take scalars or numpy arrays alike.
+"""
+
+from __future__ import annotations
+
+from typing import overload
+
+import numpy as np
+from numpy.typing import NDArray
+
+from gpuslice.errors import RequestError
+
+#: Relative tolerance of the memory floor (config ``memoryTolerance``): a ``20Gi`` request matches
+#: 1g.20gb's 19.62 GiB. The config's default is this value.
+DEFAULT_MEMORY_TOLERANCE = 0.03
+
+def memory_floor_met(available_mib: object, floor_mib: object, tolerance: float) -> object:
+    """``available >= floor * (1 - tolerance)``: the one memory test (vectorised over arrays)."""
+    return np.asarray(available_mib, dtype=np.float64) >= np.asarray(floor_mib, dtype=np.float64) * (1.0 - tolerance)
+
+
+def memory_fits(available_mib: float, floor_mib: float | None, tolerance: float) -> bool:
+    """Scalar form of :func:`memory_floor_met`; no floor always fits."""
+    if floor_mib is None:
+        return True
+    return bool(memory_floor_met(float(available_mib), float(floor_mib), tolerance))
+
+
+@overload
+def mps_share_mib(memory_mib: int, slices: int, per_gpu: int) -> int: ...
+@overload
+def mps_share_mib(memory_mib: NDArray[np.int64], slices: int | NDArray[np.int64],
+                  per_gpu: int | NDArray[np.int64]) -> NDArray[np.int64]: ...
+def mps_share_mib(memory_mib: int | NDArray[np.int64], slices: int | NDArray[np.int64],
+                  per_gpu: int | NDArray[np.int64]) -> int | NDArray[np.int64]:
+    """Memory a k-slice MPS client may use: k/S of the GPU, floored to whole MiB."""
+    if isinstance(memory_mib, np.ndarray):
+        return np.asarray(memory_mib * slices // np.maximum(per_gpu, 1), dtype=np.int64)
+    return int(memory_mib) * int(slices) // max(int(per_gpu), 1)
+
+
+def isolation_allows(mode: str, isolation: str) -> bool:
+    """``mig`` and ``mps`` pin the GPU mode; ``any`` accepts every mode."""
+    return isolation == "any" or mode == isolation
+
+
+def gpus_for(slices: int, per_gpu: int) -> tuple[int, int]:
+    """``(GPUs, slices per GPU)`` of a k-slice request: k <= S on one GPU, k = m*S as m whole GPUs."""
+    if slices < 1:
+        raise RequestError(f"a slice request needs at least 1 slice, got {slices}")
+    if slices <= per_gpu:
+        return 1, slices
+    if slices % per_gpu:
+        raise RequestError(f"{slices} slices is neither at most S={per_gpu} (one GPU) nor a whole number of "
+                           f"GPUs (a multiple of {per_gpu})")
+    return slices // per_gpu, per_gpu
