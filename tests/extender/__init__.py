@@ -1,0 +1,1 @@
+"""Tests of the scheduler extender's modules (wire, informer, lease, signals, metrics)."""
