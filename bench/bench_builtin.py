@@ -1,8 +1,9 @@
 """Benchmark: the built-in LLM-serving day, every policy, seeds 42-51 (DESIGN 7, second bar).
 
-Prints the per-policy table (means over seeds), how many seeds the default mix
-(``gpuslice.config.DEFAULT_POLICIES``) wins against each other policy on Pending pods, GPUs in use
-and $/hour, and the seconds taken. Run from the repository:
+Prints the per-policy table (means over seeds), the bar's verdict (whether the default mix,
+``gpuslice.config.DEFAULT_POLICIES``, is strictly better than every baseline on the means; a
+development check that ``gpu-slice simulate`` does not print), how many seeds the default mix wins
+against each other policy on Pending pods, GPUs in use and $/hour, and the seconds taken. Run from the repository:
 ``.venv/bin/python bench/bench_builtin.py [--seeds 42-51] [--policy a,b]``.
 """
 
@@ -35,7 +36,11 @@ def main() -> int:
     results = builtin.run_all(policies, seeds)
     wall = time.perf_counter() - started
     cluster = build_cluster()
-    print(builtin.render(builtin.summarise(results), cluster=cluster, seeds=seeds))
+    rows = builtin.summarise(results)
+    print(builtin.render(rows, cluster=cluster, seeds=seeds))
+    verdict = builtin.bar_verdict(rows)
+    if verdict:
+        print(f"\n{verdict} (means over {len(seeds)} seed(s); a tie is not better)")
     ours = {r.seed: r for r in results if r.policy == builtin.DEFAULT_POLICY}
     if ours:
         print(f"\nseeds where {builtin.DEFAULT_LABEL} is strictly better (pending / GPUs avg / $/h avg):")

@@ -27,9 +27,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpuslice.config import default_policy_spec
+from gpuslice.errors import GpuSliceError
+from gpuslice.policies.registry import resolve
 from simulator.llm.cluster import Cluster, build_cluster
 from simulator.llm.engine import Result, replay
 from simulator.llm.workload import Workload, generate
+from simulator.report import BUILTIN_LEGEND
 
 #: Our default scoring (``gpuslice.config.DEFAULT_POLICIES``), as a registry spec.
 DEFAULT_POLICY = default_policy_spec()
@@ -101,7 +104,7 @@ def summarise(results: Sequence[Result]) -> list[dict[str, Any]]:
 
 
 def render(rows: Sequence[dict[str, Any]], *, cluster: Cluster, seeds: Sequence[int]) -> str:
-    """The readable table, the reasons per policy, and the verdict of the bar."""
+    """The readable table, the reasons per policy, what the columns mean and how to read them."""
     widths = (34, 7, 7, 6, 7, 8, 9, 6, 8, 8)
     lines = [
         f"built-in LLM-serving day: {len(cluster.nodes)} nodes, {cluster.gpu_count} GPUs "
@@ -123,16 +126,29 @@ def render(rows: Sequence[dict[str, Any]], *, cluster: Cluster, seeds: Sequence[
             continue
         lines.append(f"  {label(row['policy'])}:")
         lines.extend(f"    {n:>5}  {text}" for text, n in row["top_reasons"])
-    verdict = bar_verdict(rows)
-    if verdict:
-        lines.append("")
-        lines.append(verdict)
+    lines.append("")
+    lines.append(BUILTIN_LEGEND)
+    lines.append("")
+    lines.append(reading_note(seeds))
+    return "\n".join(lines)
+
+
+def reading_note(seeds: Sequence[int]) -> str:
+    """How to read the table for one's own cluster: trade-offs, and how far one seed can be trusted."""
+    lines = ["Fewer pending pods, fewer GPUs in use, lower frag % and lower $/h are better, but they can pull",
+             "against each other: choose the policy whose trade-off suits your cluster."]
+    if len(seeds) == 1:
+        lines += ["This is one seed, one simulated day: gaps of a few pods or GPUs between policies may be",
+                  "chance; add --seeds 42-51 to compare means over ten days."]
     return "\n".join(lines)
 
 
 def bar_verdict(rows: Sequence[dict[str, Any]]) -> str:
     """Whether the default mix beats every bar baseline on pending, GPUs in use and $/hour; our own
-    single policies, when shown, are reported apart (they are not the bar)."""
+    single policies, when shown, are reported apart (they are not the bar).
+
+    A development check for ``bench/bench_builtin.py`` (ties count as not better): never printed by
+    ``gpu-slice simulate``, whose users run their own cluster, not the project's benchmark."""
     ours = next((r for r in rows if r["policy"] == DEFAULT_POLICY), None)
     if ours is None:
         return ""
@@ -186,35 +202,40 @@ def write_plot(path: Path, results: Sequence[Result]) -> None:
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    """Entry point from ``simulator.cli.run`` when no trace is given."""
+    """Entry point from ``simulator.cli.run`` when no trace is given; 2 on a bad policy or output path."""
     out = out or sys.stdout
     policies = policies_from(getattr(args, "policy", None))
     seeds = list(getattr(args, "seeds", None) or [42])
     margin = float(getattr(args, "narrow_margin", 0.0) or 0.0)
     started = time.perf_counter()
     try:
+        for policy in policies:  # unknown names and bad weights before the first run, not after some
+            resolve(policy)
         results = run_all(policies, seeds, margin=margin)
-    except Exception as err:  # unknown policy names, bad weights: say which, exit 2
-        from gpuslice.errors import GpuSliceError
-
-        if isinstance(err, GpuSliceError):
-            print(f"gpu-slice simulate: {err}", file=sys.stderr)
-            return 2
-        raise
+    except GpuSliceError as err:
+        print(f"gpu-slice simulate: {err}", file=sys.stderr)
+        return 2
     cluster = build_cluster()
     rows = summarise(results)
     print(render(rows, cluster=cluster, seeds=seeds), file=out)
     print(f"\n{len(results)} runs in {time.perf_counter() - started:.1f} s", file=out)
     json_path = getattr(args, "json", None)
-    if json_path:
-        doc = {"scenario": "builtin-llm", "nodes": len(cluster.nodes), "gpus": cluster.gpu_count,
-               "definitions": __doc__, "summary": rows, "runs": [r.as_dict() for r in results]}
-        text = json.dumps(doc, indent=2, default=str)
-        if str(json_path) == "-":
-            print(text, file=out)
-        else:
-            Path(json_path).write_text(text + "\n")
     plot_path = getattr(args, "plot", None)
-    if plot_path:
-        write_plot(Path(plot_path), results)
+    flag = ""
+    try:
+        if json_path:
+            flag = f"--json {json_path}"
+            doc = {"scenario": "builtin-llm", "nodes": len(cluster.nodes), "gpus": cluster.gpu_count,
+                   "definitions": __doc__, "summary": rows, "runs": [r.as_dict() for r in results]}
+            text = json.dumps(doc, indent=2, default=str)
+            if str(json_path) == "-":
+                print(text, file=out)
+            else:
+                Path(json_path).write_text(text + "\n")
+        if plot_path:
+            flag = f"--plot {plot_path}"
+            write_plot(Path(plot_path), results)
+    except OSError as err:  # the CLI checked the paths up front; this is the disk filling up or the like
+        print(f"gpu-slice simulate: {flag}: cannot write: {err.strerror or err}", file=sys.stderr)
+        return 2
     return 0

@@ -17,6 +17,48 @@ from simulator.engine import RunResult
 from simulator.metrics import binned_curve, first_failure_arrived, unallocated_at
 
 
+def _legend(title: str, rows: Sequence[tuple[str, str]]) -> str:
+    """A column-name / meaning list, so a reader need not guess what a short header means."""
+    width = max(len(name) for name, _ in rows)
+    pad = " " * (width + 4)
+    lines = [title]
+    for name, text in rows:
+        first, *rest = text.split("\n")
+        lines.append(f"  {name:<{width}}  {first}")
+        lines.extend(pad + more for more in rest)
+    return "\n".join(lines)
+
+
+#: What the columns of the trace table mean (printed under it and in ``--help``).
+TRACE_LEGEND = _legend("Columns of the trace table (means over the seeds; pods arrive one by one and never\n"
+                       "leave; a pod that fits nowhere is dropped):", [
+    ("seeds", "how many seeds (--seeds) the row averages"),
+    ("unalloc@100", "% of the cluster's GPU capacity left unallocated when the pods tried so far ask for\n"
+                    "100 % of it: capacity stranded by fragmentation (lower is better)"),
+    ("published", "the FGD authors' published mean for the same trace and policy, when the trace folder\n"
+                  "has published_results.csv; '-' otherwise"),
+    ("unalloc@130", "the same when the pods tried ask for 130 % of capacity (needs --inflate 1.3 or more)"),
+    ("1st fail%", "requested GPU (% of capacity) when allocation first falls a point behind the requests:\n"
+                  "how full the cluster gets before a pod is turned away (higher is better)"),
+    ("placed", "pods placed, of all the pods tried (the trace after --inflate)"),
+    ("s/seed", "seconds one replay took"),
+    ("nan", "the workload never reached that level (e.g. no pod asks for a GPU)"),
+])
+
+#: What the columns of the built-in LLM day's table mean (printed under it and in ``--help``).
+BUILTIN_LEGEND = _legend("Columns of the built-in day's table (means over the seeds):", [
+    ("placed", "pods bound to a GPU slice during the day"),
+    ("pending", "pods that found no fitting slice when first tried and waited Pending (reasons below)"),
+    ("never", "of those, pods deleted (scale-down, end of day) before a slice freed up for them"),
+    ("pend-h", "pod-hours spent Pending, all pods together"),
+    ("GPUs avg", "GPUs holding at least one slice pod, time-averaged over the day; GPUs peak: the most"),
+    ("frag %", "idle slices on GPUs in use / all slices of GPUs in use, time-averaged: capacity paid for\n"
+               "but stranded"),
+    ("$/h avg", "hourly price of the nodes holding at least one GPU pod (their spot or on-demand price),\n"
+                "time-averaged, as if an autoscaler removed empty nodes; $/h peak: the dearest moment"),
+])
+
+
 @dataclass(frozen=True, slots=True)
 class Summary:
     """The figures of one run, as written to JSON."""
@@ -71,8 +113,14 @@ def table(summaries: Sequence[Summary], published: dict[tuple[str, str], float] 
     return "\n".join(lines)
 
 
-def write_json(path: str | os.PathLike[str], summaries: Sequence[Summary], meta: dict[str, Any]) -> None:
-    Path(path).write_text(json.dumps({"meta": meta, "runs": [s.as_json() for s in summaries]}, indent=2) + "\n")
+def write_json(path: str | os.PathLike[str], summaries: Sequence[Summary], meta: dict[str, Any],
+               stdout: TextIO | None = None) -> None:
+    """The figures as JSON; ``-`` writes to standard output, as the built-in scenario does."""
+    text = json.dumps({"meta": meta, "runs": [s.as_json() for s in summaries]}, indent=2) + "\n"
+    if str(path) == "-":
+        (stdout or sys.stdout).write(text)
+    else:
+        Path(path).write_text(text)
 
 
 def write_plot(path: str | os.PathLike[str], runs: Sequence[tuple[str, RunResult]]) -> None:
