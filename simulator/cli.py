@@ -8,19 +8,29 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 from pathlib import Path
+from typing import Literal
 
 from gpuslice.config import default_policy_spec
 from gpuslice.decision import NarrowConfig
 from gpuslice.errors import GpuSliceError
 from gpuslice.policies.registry import resolve
 from simulator.engine import MODES, EngineOptions, RunResult, replay, simulate
-from simulator.inflate import inflate
+from simulator.inflate import has_gpu_demand, inflate
 from simulator.kubefile import inflate_requests, load_kube_cluster, looks_like_kube_list
 from simulator.openb import MILLI, read_nodes, read_pods
-from simulator.report import Summary, progress_bar, table, write_json, write_plot
+from simulator.report import (
+    BUILTIN_LEGEND,
+    TRACE_LEGEND,
+    Summary,
+    progress_bar,
+    table,
+    write_json,
+    write_plot,
+)
 
 PUBLISHED_NAMES = {"random": "Random", "dotprod": "DotProd", "gpuclustering": "GpuClustering",
                    "gpupacking": "GpuPacking", "bestfit": "BestFit", "fgd": "FGD"}
@@ -53,29 +63,99 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+#: What a flag means when not given; ``None`` in the namespace until then, so that a flag given
+#: where it does not apply can be refused instead of ignored.
+DEFAULTS: dict[str, object] = {"inflate": 1.3, "slices": MILLI, "mode": "protocol", "narrow_margin": 0.0,
+                               "narrow_max_nodes": 1, "extender_weight": 1, "kube_scorer": "none"}
+
+#: Flags the built-in LLM day does not read, and why.
+BUILTIN_IGNORES: dict[str, str] = {
+    "inflate": "its pods are generated, with arrivals and departures; there is no trace to scale",
+    "slices": "its nodes have their own MIG layouts and MPS slice counts",
+    "mode": "it always runs the extender's narrowed filter with reservations",
+    "narrow_max_nodes": "its narrowed filter passes one node on, as the extender does by default",
+    "narrow_margin": "its narrowed filter passes one node on, so a margin changes nothing",
+    "extender_weight": "kube-scheduler has nothing to weigh there: the narrowed filter passes one node",
+    "kube_scorer": "kube-scheduler has nothing to score there: the narrowed filter passes one node",
+}
+
+#: Flags only some modes read, the modes, and why.
+MODE_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
+    "narrow_margin": (("protocol",), "only protocol narrows the extender's filter"),
+    "narrow_max_nodes": (("protocol",), "only protocol narrows the extender's filter"),
+    "extender_weight": (("protocol", "wide"), "only protocol and wide go through kube-scheduler's scoring"),
+    "kube_scorer": (("protocol", "wide"), "only protocol and wide go through kube-scheduler's scoring"),
+}
+
+EPILOG = f"""\
+Without --nodes/--pods/--traces it runs the built-in LLM-serving day; --inflate, --slices, --mode and
+the narrowing and kube-scheduler flags are for traces and are refused there. An openb CSV pod list
+needs its node list (--nodes, or --trace-dir holding {NODE_FILE}); a v1 List
+(.yaml/.json) carries its own nodes.
+
+{BUILTIN_LEGEND}
+
+{TRACE_LEGEND}
+"""
+
+
+class SimulateError(GpuSliceError):
+    """Arguments that cannot make a run; the CLI prints the message on one line and exits 2."""
+
+
+def parse_inflate(text: str) -> float:
+    """``--inflate``: a finite ratio >= 0, refused at parsing (NaN or infinity would never stop)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0 (0 replays the pods as listed), "
+                                         f"got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("openb traces")
-    g.add_argument("--nodes", type=Path, help="node list CSV (openb format: sn,cpu_milli,memory_mib,gpu,model)")
+    """Flags of ``gpu-slice simulate``; the epilog explains the output's columns."""
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    g = parser.add_argument_group("openb traces and v1 Lists")
+    g.add_argument("--nodes", type=Path,
+                   help="node list: openb CSV (sn,cpu_milli,memory_mib,gpu,model) or a v1 List (.yaml/.json)")
     g.add_argument("--pods", type=Path, action="append", default=[],
-                   help="pod list CSV (11- or 5-column openb format); repeat for several traces")
-    g.add_argument("--trace-dir", type=Path, help="a folder of openb files; with --traces, names like default,cpu050")
-    g.add_argument("--traces", default="", help="trace names under --trace-dir (openb_pod_list_NAME.csv)")
+                   help="pod list: openb CSV (11 or 5 columns; needs --nodes or --trace-dir) or a v1 List; "
+                        "repeat for several traces")
+    g.add_argument("--trace-dir", type=Path,
+                   help=f"a folder of openb files ({NODE_FILE}, openb_pod_list_NAME.csv)")
+    g.add_argument("--traces", default="", help="trace names under --trace-dir, e.g. default,cpu050")
     parser.add_argument("--policy", default=None,
                         help="policy name(s), comma-separated, or weighted 'a:0.7+b:0.3'; default: the "
                              "config's default mix (built-in scenario: that mix against every baseline); "
                              "e.g. fragmentation,fgd,bestfit")
     parser.add_argument("--seeds", type=parse_seeds, default=[42], help="e.g. 42-51 (default 42)")
-    parser.add_argument("--inflate", type=float, default=1.3, help="tune ratio of the FGD artifact (default 1.3)")
-    parser.add_argument("--slices", type=int, default=MILLI, help="MPS slices per GPU, simulation only (1..1000)")
-    parser.add_argument("--mode", default="protocol", choices=[*MODES, "all"],
-                        help="protocol (narrowed filter + 0..10 prioritize), wide (no narrowing), ideal, paper, all")
-    parser.add_argument("--narrow-margin", type=float, default=0.0, help="narrowed filter: score margin")
-    parser.add_argument("--narrow-max-nodes", type=int, default=1, help="narrowed filter: nodes passed on")
-    parser.add_argument("--extender-weight", type=int, default=1, help="extender weight in kube-scheduler")
-    parser.add_argument("--kube-scorer", choices=["none", "least-allocated"], default="none",
-                        help="kube-scheduler's own scores (none: the profile disables the spreading scorers)")
-    parser.add_argument("--json", type=Path, help="write per-run figures to this JSON file")
-    parser.add_argument("--plot", type=Path, help="write a PNG of allocation against arrived workload")
+    t = parser.add_argument_group("trace replay only (refused for the built-in day)")
+    t.add_argument("--inflate", type=parse_inflate, default=None,
+                   help="scale the trace to this ratio of GPU capacity, the FGD artifact's tune ratio "
+                        "(default 1.3; 0 replays the pods as listed)")
+    t.add_argument("--slices", type=int, default=None,
+                   help=f"MPS slices per GPU for openb CSV, simulation only (1..{MILLI}, default {MILLI})")
+    t.add_argument("--mode", default=None, choices=[*MODES, "all"],
+                   help="protocol (narrowed filter + 0..10 prioritize; the default), wide (no narrowing), "
+                        "ideal, paper, all")
+    t.add_argument("--narrow-margin", type=float, default=None,
+                   help="narrowed filter: nodes within this score margin of the best may be passed on "
+                        "(protocol; needs --narrow-max-nodes > 1)")
+    t.add_argument("--narrow-max-nodes", type=int, default=None,
+                   help="narrowed filter: nodes passed on (protocol; default 1)")
+    t.add_argument("--extender-weight", type=int, default=None,
+                   help="extender weight in kube-scheduler (protocol, wide; default 1)")
+    t.add_argument("--kube-scorer", choices=["none", "least-allocated"], default=None,
+                   help="kube-scheduler's own scores (protocol, wide; default none: the profile disables "
+                        "the spreading scorers)")
+    parser.add_argument("--json", type=Path, help="write per-run figures to this JSON file ('-': standard output)")
+    parser.add_argument("--plot", type=Path,
+                        help="write a plot to this image file (.png, .pdf, .svg...): allocation against "
+                             "arrived workload, or GPUs and $/h over the built-in day")
 
 
 def _policies(spec: str) -> list[str]:
@@ -86,15 +166,20 @@ def _policies(spec: str) -> list[str]:
 
 
 def _published(path: Path) -> dict[tuple[str, str], float]:
+    """The FGD authors' means, when the trace folder has them; an unreadable file just shows '-'."""
     out: dict[tuple[str, str], float] = {}
-    if not path.is_file():
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()[1:]
+    except (OSError, UnicodeDecodeError):
         return out
-    lines = path.read_text().splitlines()[1:]
     rev = {v: k for k, v in PUBLISHED_NAMES.items()}
     for line in lines:
         f = line.split(",")
         if len(f) >= 4 and f[1] in rev:
-            out[(f[0], rev[f[1]])] = float(f[3])
+            try:
+                out[(f[0], rev[f[1]])] = float(f[3])
+            except ValueError:
+                continue
     return out
 
 
@@ -111,13 +196,139 @@ def _trace_files(args: argparse.Namespace) -> tuple[Path, list[tuple[str, Path]]
     return nodes, pods
 
 
+def _flag_errors(args: argparse.Namespace) -> list[str]:
+    """Refusals for numeric flags, each naming the flag (argparse only checks types)."""
+    errors = []
+    if args.extender_weight is not None and args.extender_weight < 1:
+        errors.append(f"--extender-weight must be >= 1 (kube-scheduler requires a positive weight), "
+                      f"got {args.extender_weight}")
+    if args.narrow_margin is not None and not (math.isfinite(args.narrow_margin) and args.narrow_margin >= 0):
+        errors.append(f"--narrow-margin must be a finite number >= 0, got {args.narrow_margin}")
+    if args.narrow_max_nodes is not None and args.narrow_max_nodes < 1:
+        errors.append(f"--narrow-max-nodes must be >= 1, got {args.narrow_max_nodes}")
+    if args.slices is not None and not 1 <= args.slices <= MILLI:
+        errors.append(f"--slices must be 1..{MILLI}, got {args.slices}")
+    return errors
+
+
+Source = Literal["builtin", "openb", "kube"]
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _source(args: argparse.Namespace) -> Source:
+    """Which workload the flags name; refuses combinations that would silently use something else."""
+    given = [p for p in (args.nodes, *args.pods) if p is not None]
+    kube = [p for p in given if looks_like_kube_list(p)]
+    if kube:
+        if len(kube) != len(given):
+            raise SimulateError("give either openb CSV files or v1 List files (.yaml/.json), not both")
+        named = "--traces" if args.traces else "--trace-dir" if args.trace_dir else ""
+        if named:
+            raise SimulateError(f"{named} names openb CSV traces and does not apply to v1 List files "
+                                "(.yaml/.json); give one or the other")
+        return "kube"
+    if not given and not args.traces:
+        if args.trace_dir:
+            raise SimulateError(f"--trace-dir {args.trace_dir} needs --traces NAMES (openb_pod_list_NAME.csv "
+                                "in it) or --pods FILE")
+        return "builtin"
+    if args.pods and args.nodes is None and args.trace_dir is None:
+        raise SimulateError(f"--pods {args.pods[0]} is an openb CSV pod list and needs its node list: give "
+                            f"--nodes FILE, or --trace-dir DIR holding {NODE_FILE} (a v1 List "
+                            "(.yaml/.json) carries its own nodes)")
+    if not args.pods and not args.traces:
+        raise SimulateError("no pod list given (--pods FILE or --traces NAMES)")
+    return "openb"
+
+
+def _applicability(args: argparse.Namespace, source: Source) -> None:
+    """Refuse, naming it, a flag the chosen workload or mode would ignore."""
+    given = [d for d in DEFAULTS if getattr(args, d, None) is not None]
+    if source == "builtin":
+        if given:
+            raise SimulateError(f"{_flag(given[0])} does not apply to the built-in LLM day: "
+                                f"{BUILTIN_IGNORES[given[0]]} (it is for --nodes/--pods traces)")
+        return
+    if source == "kube" and "slices" in given:
+        raise SimulateError("--slices does not apply to v1 List files: their GPUs carry their own slice count "
+                            "(S) in the inventory annotation")
+    mode = args.mode or DEFAULTS["mode"]
+    for dest in given:
+        if dest in MODE_ONLY and mode != "all":
+            modes, why = MODE_ONLY[dest]
+            if mode not in modes:
+                raise SimulateError(f"{_flag(dest)} does not apply to --mode {mode}: {why}")
+    if "narrow_margin" in given and (args.narrow_max_nodes or DEFAULTS["narrow_max_nodes"]) == 1:
+        raise SimulateError("--narrow-margin has no effect with --narrow-max-nodes 1: the best node alone is "
+                            "passed on whatever the margin; add --narrow-max-nodes N with N > 1")
+
+
+def _plot_formats() -> set[str]:
+    """Image formats matplotlib can write, so a bad ``--plot`` suffix is refused before the run."""
+    from matplotlib.figure import Figure
+
+    return set(Figure().canvas.get_supported_filetypes())
+
+
+def _check_output(flag: str, path: Path) -> None:
+    """Fail before the run, not after it, when an output file cannot be written."""
+    if flag == "--json" and str(path) == "-":
+        return
+    if flag == "--plot" and path.suffix:
+        formats = _plot_formats()
+        if path.suffix[1:].lower() not in formats:
+            raise SimulateError(f"--plot {path}: cannot write {path.suffix!r} images; use one of "
+                                f"{', '.join(sorted(formats))}")
+    if path.is_dir():
+        raise SimulateError(f"{flag} {path}: is a folder; give a file name")
+    existed = path.exists()
+    try:
+        with path.open("ab"):  # append: an existing file is left as it is
+            pass
+    except OSError as err:
+        raise SimulateError(f"{flag} {path}: cannot write: {err.strerror or err}") from None
+    if not existed:
+        path.unlink(missing_ok=True)
+
+
+def _fill_defaults(args: argparse.Namespace) -> None:
+    for dest, value in DEFAULTS.items():
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, value)
+
+
+def _no_gpu_note(name: str, count: int) -> None:
+    print(f"gpu-slice simulate: note: {name}: no pod asks for a GPU, so there is nothing to pack or inflate; "
+          f"the {count} pods are replayed as listed", file=sys.stderr)
+
+
+def _write_outputs(args: argparse.Namespace, summaries: list[Summary], meta: dict[str, object],
+                   runs: list[tuple[str, RunResult]]) -> None:
+    flag = ""
+    try:
+        if args.json:
+            flag = f"--json {args.json}"
+            write_json(args.json, summaries, meta)
+        if args.plot:
+            flag = f"--plot {args.plot}"
+            write_plot(args.plot, runs)
+    except OSError as err:  # checked up front; this is a full disk or a path changed during the run
+        raise SimulateError(f"{flag}: cannot write: {err.strerror or err}") from None
+
+
 def _run_kube(args: argparse.Namespace, paths: list[Path], policies: list[str], narrow: NarrowConfig) -> int:
     """Replay the pods of v1 List files on their nodes (emptied), S taken from the inventories."""
     cluster = load_kube_cluster(paths)
     if not cluster.requests:
-        print(f"gpu-slice simulate: {paths[0]}: no Pod to replay", file=sys.stderr)
-        return 2
+        raise SimulateError(f"{paths[0]}: no Pod to replay")
+    if cluster.gpus == 0:
+        raise SimulateError(f"{paths[0]}: the nodes have no GPUs: nothing to pack")
     name = paths[-1].stem
+    if not has_gpu_demand(cluster.requests, lambda r: r.total_slices):
+        _no_gpu_note(name, len(cluster.requests))
     capacity = cluster.state().total_slices
     modes = list(MODES) if args.mode == "all" else [args.mode]
     summaries: list[Summary] = []
@@ -134,68 +345,56 @@ def _run_kube(args: argparse.Namespace, paths: list[Path], policies: list[str], 
                 if args.plot:
                     runs.append((name, r))
     print(table(summaries, {}))
-    if args.json:
-        write_json(args.json, summaries, {"cluster": [str(p) for p in paths], "seeds": args.seeds,
-                                          "inflate": args.inflate, "slices": cluster.slices_per_gpu})
-    if args.plot:
-        write_plot(args.plot, runs)
+    print()
+    print(TRACE_LEGEND)
+    _write_outputs(args, summaries, {"cluster": [str(p) for p in paths], "seeds": args.seeds,
+                                     "inflate": args.inflate, "slices": cluster.slices_per_gpu}, runs)
     return 0
 
 
-def _flag_errors(args: argparse.Namespace) -> list[str]:
-    """Refusals for numeric flags, each naming the flag (argparse only checks types)."""
-    errors = []
-    if args.inflate < 0:
-        errors.append(f"--inflate must be >= 0 (0 replays the pods as listed), got {args.inflate}")
-    if args.extender_weight < 1:
-        errors.append(f"--extender-weight must be >= 1 (kube-scheduler requires a positive weight), "
-                      f"got {args.extender_weight}")
-    if args.narrow_margin < 0:
-        errors.append(f"--narrow-margin must be >= 0, got {args.narrow_margin}")
-    if args.narrow_max_nodes < 1:
-        errors.append(f"--narrow-max-nodes must be >= 1, got {args.narrow_max_nodes}")
-    return errors
-
-
 def run(args: argparse.Namespace) -> int:
+    """Check every flag and output path, then run; a refusal is one line on stderr and exit 2."""
     errors = _flag_errors(args)
     if errors:
         for e in errors:
             print(f"gpu-slice simulate: {e}", file=sys.stderr)
         return 2
-    if not args.nodes and not args.pods and not args.traces:
-        try:
-            builtin = importlib.import_module("simulator.builtin")
-        except ModuleNotFoundError:
-            print("gpu-slice simulate: the built-in LLM scenario (simulator.builtin) is not available in this "
-                  "build; give --nodes FILE --pods FILE (openb format) or --traces NAMES", file=sys.stderr)
-            return 2
-        return int(builtin.run(args))
-    if not 1 <= args.slices <= MILLI:
-        print(f"gpu-slice simulate: --slices must be 1..{MILLI}", file=sys.stderr)
-        return 2
     try:
-        policies = _policies(args.policy or default_policy_spec().replace(",", "+"))
-        narrow = NarrowConfig(args.narrow_margin, args.narrow_max_nodes)
-        given = [p for p in (args.nodes, *args.pods) if p is not None]
-        kube_paths = [p for p in given if looks_like_kube_list(p)]
-        if kube_paths and len(kube_paths) != len(given):
-            print("gpu-slice simulate: give either openb CSV files or v1 List files (.yaml/.json), not both",
-                  file=sys.stderr)
-            return 2
-        if kube_paths:
-            return _run_kube(args, list(dict.fromkeys(kube_paths)), policies, narrow)
-        nodes_path, traces = _trace_files(args)
-        if not traces:
-            print("gpu-slice simulate: no pod list given (--pods FILE or --traces NAMES)", file=sys.stderr)
-            return 2
-        nodes = read_nodes(nodes_path)
-        loaded = [(name, read_pods(path)) for name, path in traces]
+        return _run(args)
     except GpuSliceError as e:
         print(f"gpu-slice simulate: {e}", file=sys.stderr)
         return 2
-    modes = list(MODES) if args.mode == "all" else [args.mode]
+
+
+def _run(args: argparse.Namespace) -> int:
+    source = _source(args)
+    _applicability(args, source)
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None:
+            _check_output(flag, path)
+    _fill_defaults(args)
+    if source == "builtin":
+        try:
+            builtin = importlib.import_module("simulator.builtin")
+        except ModuleNotFoundError:
+            raise SimulateError("the built-in LLM scenario (simulator.builtin) is not available in this build; "
+                                "give --nodes FILE --pods FILE (openb format) or --traces NAMES") from None
+        return int(builtin.run(args))
+    policies = _policies(args.policy or default_policy_spec().replace(",", "+"))
+    narrow = NarrowConfig(args.narrow_margin, args.narrow_max_nodes)
+    if source == "kube":
+        given = [p for p in (args.nodes, *args.pods) if p is not None]
+        return _run_kube(args, list(dict.fromkeys(given)), policies, narrow)
+    nodes_path, traces = _trace_files(args)
+    nodes = read_nodes(nodes_path)
+    loaded = [(name, read_pods(path)) for name, path in traces]
     capacity = sum(n.gpus for n in nodes) * MILLI
+    if capacity == 0:
+        raise SimulateError(f"{nodes_path}: the node list has no GPUs: nothing to pack")
+    for name, pods in loaded:
+        if not has_gpu_demand(pods, lambda p: p.total_milli):
+            _no_gpu_note(name, len(pods))
+    modes = list(MODES) if args.mode == "all" else [args.mode]
     summaries: list[Summary] = []
     runs: list[tuple[str, RunResult]] = []
     for trace_name, pods in loaded:
@@ -218,13 +417,12 @@ def run(args: argparse.Namespace) -> int:
     published = _published(nodes_path.parent / "published_results.csv")
     print()
     print(table(summaries, published))
-    if args.json:
-        write_json(args.json, summaries, {"nodes": str(nodes_path), "traces": [str(p) for _, p in traces],
-                                          "seeds": args.seeds, "inflate": args.inflate, "slices": args.slices,
-                                          "narrow_margin": args.narrow_margin,
-                                          "narrow_max_nodes": args.narrow_max_nodes})
-    if args.plot:
-        write_plot(args.plot, runs)
+    print()
+    print(TRACE_LEGEND)
+    _write_outputs(args, summaries, {"nodes": str(nodes_path), "traces": [str(p) for _, p in traces],
+                                     "seeds": args.seeds, "inflate": args.inflate, "slices": args.slices,
+                                     "narrow_margin": args.narrow_margin,
+                                     "narrow_max_nodes": args.narrow_max_nodes}, runs)
     return 0
 
 

@@ -67,12 +67,20 @@ def test_weighted_policy_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--inflate", "-2"], "--inflate must be >= 0"),
     (["--extender-weight", "0"], "--extender-weight must be >= 1"),
-    (["--narrow-margin", "-1"], "--narrow-margin must be >= 0"),
+    (["--narrow-margin", "-1"], "--narrow-margin must be a finite number >= 0"),
+    (["--narrow-margin", "nan"], "--narrow-margin must be a finite number >= 0"),
+    (["--slices", "0"], "--slices must be 1..1000"),
     (["--narrow-max-nodes", "0"], "--narrow-max-nodes must be >= 1"),
 ])
 def test_numeric_flags_are_refused_by_name(flags: list[str], message: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     assert run(parse(flags)) == 2
     assert message in capsys.readouterr().err
+
+
+def test_inflate_is_refused_by_name_while_parsing(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse(["--inflate", "-2"])
+    assert exit_.value.code == 2
+    assert "argument --inflate: must be a finite number >= 0" in capsys.readouterr().err
