@@ -100,7 +100,9 @@ class Holdings:
 
 
 @dataclass(frozen=True, slots=True)
-class _Claim:
+class Claim:
+    """One pod's claim on a node's ids before clashes are settled (:func:`claim_of`, :func:`settle`)."""
+
     uid: str
     pod: str
     node: str
@@ -146,8 +148,8 @@ def pod_phase(pod: Mapping[str, Any]) -> str:
     return phase if isinstance(phase, str) else ""
 
 
-def _claim(pod: Mapping[str, Any], *, now: datetime,
-           reservation_ttl: timedelta) -> tuple[_Claim | None, PodProblem | None, str]:
+def claim_of(pod: Mapping[str, Any], *, now: datetime,
+           reservation_ttl: timedelta) -> tuple[Claim | None, PodProblem | None, str]:
     """One pod's claim under the rule, independent of any node; the third value is the node it
     concerns (its nodeName, else its assignment's node, else ``""``) so problems land on one node."""
     label, uid, node_name = pod_label(pod), pod_uid(pod), pod_node_name(pod)
@@ -184,7 +186,7 @@ def _claim(pod: Mapping[str, Any], *, now: datetime,
                                                 "until it is fixed"), node_name
         if not node_name:
             return None, PodProblem(label, uid, f"{ALLOCATED_KEY} is set on a pod that is not bound"), ""
-        return (_Claim(uid, label, node_name, True, allocated.slice_ids, "allocated", None, allocated,
+        return (Claim(uid, label, node_name, True, allocated.slice_ids, "allocated", None, allocated,
                        allocated.time), damaged, node_name)
     concerns = node_name or assignment.node
     if assignment.pod_uid != uid:
@@ -198,17 +200,17 @@ def _claim(pod: Mapping[str, Any], *, now: datetime,
     if not node_name and now - reservation_ttl >= assignment.time:  # no overflow near datetime.max
         return None, None, concerns  # reservation expired: holds nothing, nothing wrong
     if allocated is not None:
-        return (_Claim(uid, label, assignment.node, bool(node_name), allocated.slice_ids, "allocated",
+        return (Claim(uid, label, assignment.node, bool(node_name), allocated.slice_ids, "allocated",
                        assignment, allocated, assignment.time), damaged, concerns)
-    return (_Claim(uid, label, assignment.node, bool(node_name), assignment.slice_ids, "assignment",
+    return (Claim(uid, label, assignment.node, bool(node_name), assignment.slice_ids, "assignment",
                    assignment, None, assignment.time), damaged, concerns)
 
 
-def _settle(node: str, claims: list[_Claim], problems: list[PodProblem]) -> Holdings:
+def settle(node: str, claims: list[Claim], problems: list[PodProblem]) -> Holdings:
     """Give each id to its strongest claim; report and drop the weaker claim's clashing ids."""
     owner: dict[str, str] = {}
     held: dict[str, HeldSlices] = {}
-    for c in sorted(claims, key=_Claim.rank):
+    for c in sorted(claims, key=Claim.rank):
         if c.uid in held:
             problems.append(PodProblem(c.pod, c.uid, "another pod object has the same UID; counted once"))
             continue
@@ -239,32 +241,32 @@ def held_slices(node: str, pods: Iterable[Mapping[str, Any]], *, now: datetime,
     here, or assigned here while unbound) and for unbound pods whose annotations do not decode.
     """
     _check_now(now)
-    claims: list[_Claim] = []
+    claims: list[Claim] = []
     problems: list[PodProblem] = []
     for pod in pods:
-        claim, problem, concerns = _claim(pod, now=now, reservation_ttl=reservation_ttl)
+        claim, problem, concerns = claim_of(pod, now=now, reservation_ttl=reservation_ttl)
         if problem is not None and concerns in (node, ""):
             problems.append(problem)
         if claim is not None and claim.node == node:
             claims.append(claim)
-    return _settle(node, claims, problems)
+    return settle(node, claims, problems)
 
 
 def held_by_node(pods: Iterable[Mapping[str, Any]], *, now: datetime,
                  reservation_ttl: timedelta) -> tuple[dict[str, Holdings], tuple[PodProblem, ...]]:
     """The counting rule for every node at once; each problem is reported once, not per node."""
     _check_now(now)
-    claims: dict[str, list[_Claim]] = {}
+    claims: dict[str, list[Claim]] = {}
     problems: list[PodProblem] = []
     for pod in pods:
-        claim, problem, _ = _claim(pod, now=now, reservation_ttl=reservation_ttl)
+        claim, problem, _ = claim_of(pod, now=now, reservation_ttl=reservation_ttl)
         if problem is not None:
             problems.append(problem)
         if claim is not None:
             claims.setdefault(claim.node, []).append(claim)
     out: dict[str, Holdings] = {}
     for node in sorted(claims):
-        settled = _settle(node, claims[node], [])
+        settled = settle(node, claims[node], [])
         problems.extend(settled.problems)
         out[node] = Holdings(node, settled.held, settled.problems)
     return out, tuple(problems)
@@ -367,11 +369,13 @@ def bind_conflicts(placement: Placement, request: SliceRequest, pod_uid: str, ho
 
 __all__ = [
     "TERMINAL_PHASES",
+    "Claim",
     "HeldSlices",
     "Holdings",
     "PodProblem",
     "apply_holdings",
     "bind_conflicts",
+    "claim_of",
     "held_by_node",
     "held_slices",
     "inventory_with_pods",
@@ -381,6 +385,7 @@ __all__ = [
     "pod_node_name",
     "pod_phase",
     "pod_uid",
+    "settle",
     "suits",
     "unstamped_same_size",
 ]

@@ -117,8 +117,11 @@ def pod_slice_count(pod: Mapping[str, Any]) -> tuple[int, str]:
     return total, (str(asking[0][0].get("name", "")) if asking else "")
 
 
-def parse_request(pod: Mapping[str, Any]) -> SliceRequest | None:
-    """The pod's ``SliceRequest``, or ``None`` when it asks for no slices; ``RequestError`` if invalid."""
+def parse_request(pod: Mapping[str, Any], *, isolation_default: Isolation = "any") -> SliceRequest | None:
+    """The pod's ``SliceRequest``, or ``None`` when it asks for no slices; ``RequestError`` if invalid.
+
+    ``isolation_default`` (config ``isolationDefault``) applies when the pod sets no isolation.
+    """
     count, container = pod_slice_count(pod)
     metadata = pod.get("metadata")
     metadata = {} if metadata is None else metadata
@@ -138,7 +141,7 @@ def parse_request(pod: Mapping[str, Any]) -> SliceRequest | None:
         memory = quantity_to_mib(annotations[MEMORY_KEY], what=f"annotation {MEMORY_KEY}")
         if memory <= 0:
             raise RequestError(f"annotation {MEMORY_KEY} must be positive, got {annotations[MEMORY_KEY]!r}")
-    isolation = annotations.get(ISOLATION_KEY, "any")
+    isolation = annotations.get(ISOLATION_KEY, isolation_default)
     if isolation not in ISOLATIONS:
         raise RequestError(f"annotation {ISOLATION_KEY} must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")
     return SliceRequest(count, memory, isolation, container)

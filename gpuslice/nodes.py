@@ -1,0 +1,110 @@
+"""A node (the plain mapping of a ``v1.Node``) as the scheduler sees it: one compact projection.
+
+What placement needs from a node: its name, allocatable CPU and memory, its slice inventory (the
+device plugin's annotation, with the operator's per-GPU cordon applied), its GPU product and its
+price. The extender (from watch events) and the simulator (from v1 Lists) both read nodes here.
+
+Price, most specific first: a live figure the caller supplies (OpenCost through Prometheus), the
+node's ``example.com/hourly-cost`` annotation (an operator's explicit word for this node), the
+config's price table by instance type and capacity type, then the config's $/GPU-hour by product
+times the node's GPUs; 0 when nothing is known (``cost`` then has no signal and drops out).
+
+A node that cannot be read (its inventory does not decode, its status is not an object) is kept
+with ``error`` set, so filter can name the cause instead of calling the node unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuslice import annotations as ann
+from gpuslice.config import Config
+from gpuslice.errors import GpuSliceError, InventoryError
+from gpuslice.kubelist import node_inventory
+from gpuslice.model import NodeInventory
+from gpuslice.packing.state import NodeSpec
+from gpuslice.units import MIB, parse_quantity
+
+SPOT_VALUES = frozenset({"spot", "preemptible", "true"})
+CAPACITY_LABELS = (ann.CAPACITY_TYPE_LABEL, "eks.amazonaws.com/capacityType", "cloud.google.com/gke-spot",
+                   "cloud.google.com/gke-preemptible", "kubernetes.azure.com/scalesetpriority")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """The projection of one node. ``inventory`` is None for a node without slices."""
+
+    name: str
+    spec: NodeSpec
+    inventory: NodeInventory | None
+    error: str = ""
+
+
+def _obj(value: object, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InventoryError(f"{where} must be an object, got {type(value).__name__}")
+    return value
+
+
+def capacity_type(labels: Mapping[str, Any]) -> str:
+    """``spot`` or ``on-demand`` from the node-pool labels Karpenter, EKS, GKE and AKS set."""
+    for key in CAPACITY_LABELS:
+        value = labels.get(key)
+        if isinstance(value, str) and value:
+            low = value.lower()
+            return "spot" if low in SPOT_VALUES or low == "spot" else "on-demand"
+    return "on-demand"
+
+
+def node_price(node_labels: Mapping[str, Any], annotations: Mapping[str, Any], inventory: NodeInventory | None,
+               config: Config | None) -> float:
+    """$/hour of a node from its annotation or the config's tables (see the module docstring)."""
+    raw = annotations.get(ann.HOURLY_COST_KEY)
+    if raw is not None:
+        try:
+            cost = float(raw)
+        except (TypeError, ValueError):
+            raise InventoryError(f"annotation {ann.HOURLY_COST_KEY}={raw!r} is not a number") from None
+        if not cost >= 0 or cost == float("inf"):
+            raise InventoryError(f"annotation {ann.HOURLY_COST_KEY}={raw!r} must be a finite number >= 0")
+        return cost
+    if config is None:
+        return 0.0
+    itype = node_labels.get(ann.INSTANCE_TYPE_LABEL) or node_labels.get(ann.INSTANCE_TYPE_LABEL_BETA)
+    if isinstance(itype, str):
+        price = config.node_price(itype, capacity_type(node_labels))
+        if price is not None:
+            return price
+    if inventory is not None:
+        per_gpu = [config.gpu_price(g.product) for g in inventory.gpus]
+        if per_gpu and all(p is not None for p in per_gpu):
+            return float(sum(p for p in per_gpu if p is not None))
+    return 0.0
+
+
+def project_node(node: Mapping[str, Any], *, config: Config | None = None) -> NodeInfo:
+    """The projection of a node mapping; never raises for a node that has a name."""
+    meta = node.get("metadata") if isinstance(node, Mapping) else None
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    if not isinstance(name, str) or not name:
+        raise InventoryError("a node without metadata.name")
+    try:
+        meta = _obj(meta, "metadata")
+        labels = _obj(meta.get("labels"), "metadata.labels")
+        annotations = _obj(meta.get("annotations"), "metadata.annotations")
+        alloc = _obj(_obj(node.get("status"), "status").get("allocatable"), "status.allocatable")
+        cpu = int(parse_quantity(alloc.get("cpu", 0), what="status.allocatable.cpu") * 1000)
+        mem = int(parse_quantity(alloc.get("memory", 0), what="status.allocatable.memory") / MIB)
+        inventory = node_inventory(node)
+        product = labels.get(ann.PRODUCT_LABEL) or (inventory.gpus[0].product if inventory and inventory.gpus
+                                                     else "")
+        if not isinstance(product, str):
+            raise InventoryError(f"label {ann.PRODUCT_LABEL} must be a string")
+        cost = node_price(labels, annotations, inventory, config)
+    except GpuSliceError as err:
+        return NodeInfo(name, NodeSpec(name, 0, 0), None, f"node {name}: {err}")
+    return NodeInfo(name, NodeSpec(name, cpu, mem, product, cost), inventory)

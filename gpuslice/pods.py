@@ -1,0 +1,217 @@
+"""A pod (the plain mapping of a ``v1.Pod``) as the scheduler sees it: one compact projection.
+
+The extender keeps tens of thousands of pods; it keeps this projection, not the API objects, and
+the simulator reads pods from v1 Lists through the same code, so both ask the same things of a pod:
+
+* CPU and memory by Kubernetes' pod-requests rule (max of the app containers' sum and each init
+  container), plus ``spec.overhead``;
+* the slice request (:func:`gpuslice.requests.parse_request`, with the config's isolation default);
+* the GPU products it allows (``nodeSelector`` or required node affinity on the product label);
+* its owner (the first ``ownerReferences`` entry: the owner-spread rule) and its priority;
+* a minimal copy of what the counting rule reads (UID, node, phase, the two contract annotations).
+
+Hostile input (a string where an object belongs, a list of labels) raises ``RequestError`` naming
+the field; it never raises anything else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuslice import annotations as ann
+from gpuslice.errors import GpuSliceError, RequestError
+from gpuslice.packing.build import pack_request
+from gpuslice.packing.state import PackRequest
+from gpuslice.requests import Isolation, SliceRequest, parse_request
+from gpuslice.units import MIB, parse_quantity
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def _obj(value: object, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise RequestError(f"{where} must be an object, got {type(value).__name__}")
+    return value
+
+
+def _list(value: object, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise RequestError(f"{where} must be a list, got {type(value).__name__}")
+    return value
+
+
+def _text(value: object, where: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise RequestError(f"{where} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _milli(value: object, what: str) -> int:
+    return int(parse_quantity(value, what=what) * 1000)
+
+
+def _mib(value: object, what: str) -> int:
+    return int(parse_quantity(value, what=what) / MIB)
+
+
+def pod_label(pod: Mapping[str, Any]) -> str:
+    """``namespace/name`` for messages (never raises)."""
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    ns, name = meta.get("namespace"), meta.get("name")
+    return f"{ns if isinstance(ns, str) and ns else 'default'}/{name if isinstance(name, str) and name else '?'}"
+
+
+def pod_cpu_memory(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """Kubernetes' pod-requests rule for CPU (millicores) and memory (MiB)."""
+    spec = _obj(pod.get("spec"), "spec")
+
+    def requests(c: object, where: str) -> tuple[int, int]:
+        c = _obj(c, where)
+        req = _obj(_obj(c.get("resources"), f"{where}.resources").get("requests"), f"{where}.resources.requests")
+        name = c.get("name")
+        label = f"container {name!r}"
+        return (_milli(req.get("cpu", 0), f"{label} cpu"), _mib(req.get("memory", 0), f"{label} memory"))
+
+    apps = [requests(c, f"spec.containers[{i}]") for i, c in enumerate(_list(spec.get("containers"),
+                                                                               "spec.containers"))]
+    cpu, mem = sum(a[0] for a in apps), sum(a[1] for a in apps)
+    sidecar_cpu = sidecar_mem = 0
+    for i, c in enumerate(_list(spec.get("initContainers"), "spec.initContainers")):
+        ic, im = requests(c, f"spec.initContainers[{i}]")
+        if _obj(c, "init container").get("restartPolicy") == "Always":  # a sidecar runs beside the app
+            sidecar_cpu, sidecar_mem = sidecar_cpu + ic, sidecar_mem + im
+            cpu, mem = cpu + ic, mem + im
+        else:
+            cpu, mem = max(cpu, ic + sidecar_cpu), max(mem, im + sidecar_mem)
+    overhead = _obj(spec.get("overhead"), "spec.overhead")
+    cpu += _milli(overhead.get("cpu", 0), "spec.overhead.cpu")
+    mem += _mib(overhead.get("memory", 0), "spec.overhead.memory")
+    return cpu, mem
+
+
+def pod_products(pod: Mapping[str, Any]) -> frozenset[str] | None:
+    """GPU products the pod allows, from ``nodeSelector`` or required node affinity (None = any)."""
+    spec = _obj(pod.get("spec"), "spec")
+    selector = _obj(spec.get("nodeSelector"), "spec.nodeSelector")
+    wanted = selector.get(ann.PRODUCT_LABEL)
+    if wanted is not None:
+        return frozenset([_text(wanted, f"spec.nodeSelector[{ann.PRODUCT_LABEL}]")])
+    affinity = _obj(_obj(spec.get("affinity"), "spec.affinity").get("nodeAffinity"), "spec.affinity.nodeAffinity")
+    required = _obj(affinity.get("requiredDuringSchedulingIgnoredDuringExecution"),
+                    "nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution")
+    allowed: set[str] = set()
+    found = False
+    for term in _list(required.get("nodeSelectorTerms"), "nodeSelectorTerms"):
+        for expr in _list(_obj(term, "nodeSelectorTerm").get("matchExpressions"), "matchExpressions"):
+            expr = _obj(expr, "matchExpression")
+            if expr.get("key") == ann.PRODUCT_LABEL and expr.get("operator") == "In":
+                found = True
+                allowed |= {_text(v, "matchExpression value") for v in _list(expr.get("values"), "values")}
+    # Terms are ORed: any term that names products widens the set.
+    return frozenset(allowed) if found else None
+
+
+def pod_owner(pod: Mapping[str, Any]) -> str:
+    """``namespace/Kind/name`` of the controller (or first) owner reference, ``""`` when none."""
+    meta = _obj(pod.get("metadata"), "metadata")
+    refs = [_obj(r, "metadata.ownerReferences[]") for r in _list(meta.get("ownerReferences"),
+                                                                   "metadata.ownerReferences")]
+    if not refs:
+        return ""
+    ref = next((r for r in refs if r.get("controller") is True), refs[0])
+    ns = _text(meta.get("namespace"), "metadata.namespace") or "default"
+    return f"{ns}/{_text(ref.get('kind'), 'ownerReferences.kind')}/{_text(ref.get('name'), 'ownerReferences.name')}"
+
+
+def pod_priority(pod: Mapping[str, Any]) -> int:
+    """``spec.priority`` (set by admission from the PriorityClass), 0 when absent."""
+    value = _obj(pod.get("spec"), "spec").get("priority")
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"spec.priority must be an integer, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """The projection of one pod: what scheduling, preemption and the counting rule read."""
+
+    uid: str
+    label: str
+    node: str  # spec.nodeName, "" while unbound
+    phase: str
+    priority: int
+    owner: str
+    cpu_milli: int
+    memory_mib: int
+    products: frozenset[str] | None
+    request: SliceRequest | None
+    created: str
+    counted: Mapping[str, Any]  # the minimal pod mapping the counting rule reads
+    error: str = ""  # why the slice request could not be read ("" when fine)
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+    def pack(self, slices_per_gpu: int, *, owner_spread: bool = True) -> PackRequest:
+        """This pod as a packing request (raises ``RequestError`` when the request cannot be met as written)."""
+        if self.error:
+            raise RequestError(self.error)
+        return pack_request(self.request, slices_per_gpu=slices_per_gpu, cpu_milli=self.cpu_milli,
+                            memory_mib=self.memory_mib, products=self.products,
+                            owner=self.owner if owner_spread else "", uid=self.uid)
+
+
+def project(pod: Mapping[str, Any], *, isolation_default: Isolation = "any") -> PodInfo:
+    """The projection of a pod mapping. A pod whose slice request is invalid is still projected (its
+    CPU and memory count on its node) with ``error`` set; a pod that is not an object, or has no
+    UID, raises ``RequestError``."""
+    if not isinstance(pod, Mapping):
+        raise RequestError(f"a pod must be an object, got {type(pod).__name__}")
+    label = pod_label(pod)
+    meta = _obj(pod.get("metadata"), "metadata")
+    uid = _text(meta.get("uid"), "metadata.uid")
+    if not uid:
+        raise RequestError(f"pod {label} has no metadata.uid")
+    spec = _obj(pod.get("spec"), "spec")
+    status = _obj(pod.get("status"), "status")
+    node = _text(spec.get("nodeName"), "spec.nodeName")
+    phase = _text(status.get("phase"), "status.phase")
+    created = meta.get("creationTimestamp")
+    error = ""
+    request: SliceRequest | None = None
+    owner = ""
+    products: frozenset[str] | None = None
+    priority = 0
+    try:
+        request = parse_request(pod, isolation_default=isolation_default)
+        owner = pod_owner(pod)
+        products = pod_products(pod)
+        priority = pod_priority(pod)
+    except GpuSliceError as err:
+        error = f"pod {label}: {err}"
+    try:
+        cpu, mem = pod_cpu_memory(pod)
+    except GpuSliceError as err:
+        cpu, mem = 0, 0
+        error = error or f"pod {label}: {err}"
+    annotations = _obj(meta.get("annotations"), "metadata.annotations")
+    kept = {k: annotations[k] for k in (ann.ASSIGNMENT_KEY, ann.ALLOCATED_KEY) if k in annotations}
+    counted: dict[str, Any] = {
+        "metadata": {"uid": uid, "name": meta.get("name"), "namespace": meta.get("namespace"), "annotations": kept},
+        "spec": {"nodeName": node} if node else {},
+        "status": {"phase": phase},
+    }
+    return PodInfo(uid, label, node, phase, priority, owner, cpu, mem, products, request,
+                   created if isinstance(created, str) else "", counted, error)

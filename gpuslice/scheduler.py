@@ -1,0 +1,476 @@
+"""The decision API: filter, prioritize, bind check and preempt, for the extender and the simulator.
+
+Start here. kube-scheduler asks the extender four things about a pod; each is one method of
+:class:`Scheduler`, which holds the cluster (a live :class:`gpuslice.view.ClusterView`, or a
+:class:`PackedCluster` over a bare array state for trace replays), the configured policies with
+what they have learned, and the narrowing rule:
+
+* :meth:`Scheduler.filter`: per node, feasible or not with a reason (:mod:`gpuslice.reasons`),
+  unresolvable where no change of usage could help; narrowed to the best node(s) in the extender's
+  consistent order (DESIGN 4), and the chosen placement reserved for the pod's UID;
+* :meth:`Scheduler.prioritize`: 0..10 per node, the chosen node first;
+* :meth:`Scheduler.bind_check`: the placement to write at ``/bind`` (the reservation, else the
+  best free one), after fencing and the same-size rule, as an :class:`Assignment`;
+* :meth:`Scheduler.preempt`: per node, the fewest lower-priority pods whose slices free one valid
+  placement.
+
+The ``*_request`` methods take a :class:`PackRequest` and node rows; the simulator calls those.
+The pod-level methods take a pod mapping and node names; the extender calls those. Both run the
+same code below them, so what ``gpu-slice simulate`` predicts is what the extender does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from gpuslice.annotations import Assignment
+from gpuslice.config import Config, default_config
+from gpuslice.counting import bind_conflicts
+from gpuslice.decision import NarrowConfig, NodeBest, best_per_node, narrowed_filter, node_key, priority_scores
+from gpuslice.errors import GpuSliceError, RequestError
+from gpuslice.packing.state import Candidates, ClusterState, Fit, PackRequest, enumerate_candidates
+from gpuslice.placement import Placement
+from gpuslice.pods import PodInfo, project
+from gpuslice.policies.base import PolicyContext
+from gpuslice.policies.registry import Weighted, resolve
+from gpuslice.reasons import explain
+from gpuslice.requests import SliceRequest
+from gpuslice.reservations import DEFAULT_TTL_S, Reservation, Reservations
+from gpuslice.rules import mps_share_mib
+from gpuslice.view import ClusterView
+
+I64 = NDArray[np.int64]
+F64 = NDArray[np.float64]
+
+NARROWED_OUT = "fits, but gpu-slice hands kube-scheduler only the best-packed node"
+UNKNOWN_NODE = "node is not known to gpu-slice yet (its watch has not seen it)"
+
+
+class Holder(Protocol):
+    """What the scheduler needs of a cluster: its array state and a way to hold reservations."""
+
+    state: ClusterState
+    reservations: Reservations
+
+    def hold(self, r: Reservation) -> None: ...
+
+    def release(self, uid: str) -> Reservation | None: ...
+
+    def expire(self, now: float) -> None: ...
+
+
+class PackedCluster:
+    """A bare array state (trace replays): reservations applied with ``take``/``give_back``."""
+
+    def __init__(self, state: ClusterState, reservation_ttl_s: float = DEFAULT_TTL_S) -> None:
+        self.state = state
+        self.reservations = Reservations(reservation_ttl_s)
+        self._keys: dict[tuple[int, str, str], int] = {}
+        self._layout = -1
+
+    def rows(self, r: Reservation) -> list[int]:
+        st = self.state
+        if self._layout != st.layout_version:
+            self._keys = {(int(st.unit_node[u]), st.unit_gpu[u], st.unit_instance[u]): u for u in range(st.n_units)}
+            self._layout = st.layout_version
+        v = st.node_index[r.node]
+        return [self._keys[(v, gpu, inst)] for gpu, inst in r.units]
+
+    def hold(self, r: Reservation) -> None:
+        self.release(r.uid)
+        self.state.take(self.state.node_index[r.node], self.rows(r), r.slices, r.cpu_milli, r.memory_mib, r.owner)
+        self.reservations.add(r)
+
+    def release(self, uid: str) -> Reservation | None:
+        r = self.reservations.pop(uid)
+        if r is not None:
+            self.state.give_back(self.state.node_index[r.node], self.rows(r), r.slices, r.cpu_milli, r.memory_mib,
+                                 r.owner)
+        return r
+
+    def bind(self, uid: str) -> Reservation | None:
+        """The pod was bound as reserved: the hold becomes the pod's own (the state keeps it)."""
+        return self.reservations.pop(uid)
+
+    def expire(self, now: float) -> None:
+        for r in self.reservations.due(now):
+            self.state.give_back(self.state.node_index[r.node], self.rows(r), r.slices, r.cpu_milli,
+                                 r.memory_mib, r.owner)
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """A request's feasible placements and each node's best: what filter and prioritize share."""
+
+    fit: Fit
+    cands: Candidates
+    best: NodeBest
+    score: F64
+
+
+@dataclass(frozen=True, slots=True)
+class FilterResult:
+    """``feasible``: node names handed to kube-scheduler, best first; ``failed`` and
+    ``unresolvable``: name -> reason; ``error``: the pod itself cannot be scheduled as written."""
+
+    feasible: tuple[str, ...] = ()
+    failed: Mapping[str, str] = field(default_factory=dict)
+    unresolvable: Mapping[str, str] = field(default_factory=dict)
+    reservation: Reservation | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class BindPlan:
+    """What ``/bind`` writes (``assignment``), or why it refuses (``refusal``; the scheduler retries)."""
+
+    assignment: Assignment | None = None
+    refusal: str = ""
+    already: bool = False  # the pod already carries this assignment: answer without writing
+
+
+class Scheduler:
+    """Decisions over one cluster with one policy mix; see the module docstring."""
+
+    def __init__(self, cluster: Holder, policy: str | Weighted, *, narrow: NarrowConfig | None = None,
+                 seed: int = 0, trace: Sequence[PackRequest] | None = None, owner_spread: bool = True) -> None:
+        self.cluster = cluster
+        self.policy = resolve(policy) if isinstance(policy, str) else policy
+        self.memory = self.policy.new_memory(PolicyContext(seed, None if trace is None else list(trace)))
+        self.narrow = narrow or NarrowConfig()
+        self.owner_spread = owner_spread
+        self._keys: I64 = np.zeros(0, dtype=np.int64)
+        self._keys_for = 0
+
+    @classmethod
+    def from_config(cls, cluster: Holder, config: Config | None = None, *, seed: int = 0) -> Scheduler:
+        """Policies, narrowing and the owner rule as the config says (validated at load)."""
+        config = config or default_config()
+        return cls(cluster, resolve(config.policy_weights()), narrow=NarrowConfig(margin=config.narrowing.margin),
+                   seed=seed, owner_spread=config.owner_spread)
+
+    @property
+    def state(self) -> ClusterState:
+        return self.cluster.state
+
+    def node_keys(self) -> I64:
+        """The consistent tie-break order per node row (a name hash), kept in step with the state."""
+        st = self.state
+        if self._keys_for != id(st):
+            self._keys, self._keys_for = np.zeros(0, dtype=np.int64), id(st)
+        if self._keys.shape[0] < st.n_nodes:
+            old = self._keys.shape[0]
+            self._keys = np.concatenate([self._keys, np.array([node_key(nm) for nm in st.node_names[old:]],
+                                                              dtype=np.int64)])
+        return self._keys
+
+    # ----- learning ---------------------------------------------------------------------------
+    def observe(self, req: PackRequest) -> None:
+        """A pod arrived: policies that learn the workload see it (once per pod, before it is scored)."""
+        self.policy.observe(self.memory, req)
+
+    def warm_start(self, reqs: Iterable[PackRequest]) -> int:
+        """Learn from the pods already placed (after a restart the workload is not started from nothing)."""
+        n = 0
+        for req in reqs:
+            self.observe(req)
+            n += 1
+        return n
+
+    # ----- array level ---------------------------------------------------------------------------
+    def rank(self, req: PackRequest, node_mask: NDArray[np.bool_] | None = None) -> Ranked:
+        """Fit, candidates, policy scores and each node's best placement."""
+        st = self.state
+        fit = st.fit(req)
+        cands = enumerate_candidates(st, req, fit, node_mask)
+        if len(cands) == 0:
+            return Ranked(fit, cands, best_per_node(cands, np.zeros(0)), np.zeros(0))
+        score = self.policy.score(st, req, cands, self.memory)
+        secondary = self.policy.secondary(st, req, cands, self.memory)
+        return Ranked(fit, cands, best_per_node(cands, score, secondary), score)
+
+    def narrowed(self, ranked: Ranked) -> NodeBest:
+        return narrowed_filter(ranked.best, self.node_keys(), self.narrow)
+
+    def reservation_for(self, req: PackRequest, node: int, units: Sequence[int], now: float) -> Reservation:
+        """A reservation of ``units`` on node row ``node`` for ``req``, by stable keys (and ids in a view)."""
+        st = self.state
+        keys = tuple((st.unit_gpu[u], st.unit_instance[u]) for u in units)
+        sids: tuple[str, ...] = ()
+        if isinstance(self.cluster, ClusterView):
+            sids = self._pick_ids(st.node_names[node], units, req.slices)
+        return Reservation(req.uid, st.node_names[node], keys, req.slices, sids, req.cpu_milli, req.memory_mib,
+                           req.owner, now + self.cluster.reservations.ttl_s)
+
+    def _pick_ids(self, name: str, units: Sequence[int], slices: int) -> tuple[str, ...]:
+        view = self.cluster
+        assert isinstance(view, ClusterView)
+        held = view.nodes[name].held
+        out: list[str] = []
+        for u in units:
+            free = [sid for sid in view.unit_ids(name, int(u)) if sid not in held]
+            out.extend(free[:slices] if len(free) > slices and int(self.state.unit_cap[u]) > slices else free)
+        return tuple(out)
+
+    def filter_request(self, req: PackRequest, rows: I64 | None, now: float, *, reserve: bool = True,
+                       explain_refused: bool = True) -> tuple[NodeBest, Ranked, dict[int, tuple[str, bool]]]:
+        """The narrowed filter over node ``rows`` (None = every node): the chosen nodes, the ranking,
+        and per refused row (reason, unresolvable). Reserves the first node's best placement."""
+        self.cluster.expire(now)
+        st = self.state
+        mask: NDArray[np.bool_] | None = None
+        if rows is not None:
+            mask = np.zeros(st.n_nodes, dtype=bool)
+            mask[rows] = True
+        ranked = self.rank(req, mask)
+        chosen = self.narrowed(ranked)
+        if reserve and chosen.node.shape[0] and req.uid:
+            i = int(chosen.index[0])
+            self.cluster.hold(self.reservation_for(req, int(ranked.cands.node[i]), ranked.cands.units[i].tolist(),
+                                                   now))
+        refused: dict[int, tuple[str, bool]] = {}
+        if explain_refused:
+            pool = np.flatnonzero(mask) if mask is not None else np.arange(st.n_nodes)
+            bad = pool[~ranked.fit.feasible[pool]]
+            ex = explain(st, req, ranked.fit, bad.astype(np.int64))
+            refused = {int(v): (t, bool(u)) for v, t, u in zip(ex.rows, ex.texts, ex.unresolvable, strict=True)}
+        return chosen, ranked, refused
+
+    def prioritize_request(self, req: PackRequest, rows: I64, now: float) -> I64:
+        """0..10 per row in ``rows``: the pod's reserved node (else the best) 10, the others below by score."""
+        self.cluster.expire(now)
+        st = self.state
+        held = self.cluster.release(req.uid) if req.uid else None
+        try:
+            mask = np.zeros(st.n_nodes, dtype=bool)
+            mask[rows] = True
+            ranked = self.rank(req, mask)
+            per_node = np.full(st.n_nodes, -1.0)
+            per_node[ranked.best.node] = ranked.best.score
+        finally:
+            if held is not None:
+                self.cluster.hold(held)
+        scores = per_node[rows]
+        out = np.zeros(rows.shape[0], dtype=np.int64)
+        ok = scores >= 0
+        if ok.any():
+            keys = self.node_keys()[rows]
+            lead = -1
+            if held is not None and held.node in st.node_index:
+                hit = np.flatnonzero(rows == st.node_index[held.node])
+                lead = int(hit[0]) if hit.shape[0] and ok[hit[0]] else -1
+            if lead < 0:
+                cand = np.flatnonzero(ok)
+                lead = int(cand[np.lexsort((keys[cand], -scores[cand]))[0]])
+            sub = np.flatnonzero(ok)
+            order = np.concatenate([[lead], sub[sub != lead]])
+            out[order] = priority_scores(scores[order], ranked=True)
+        return out
+
+    # ----- pod level (the extender) ----------------------------------------------------------------
+    def _view(self) -> ClusterView:
+        if not isinstance(self.cluster, ClusterView):
+            raise TypeError("pod-level decisions need a ClusterView")
+        return self.cluster
+
+    def request_of(self, pod: Mapping[str, Any] | PodInfo) -> tuple[PodInfo, PackRequest | None]:
+        """The pod's projection and packing request (None: it asks no slices). ``RequestError`` when
+        its request cannot be met as written (no node could ever take it)."""
+        view = self._view()
+        info = pod if isinstance(pod, PodInfo) else project(pod, isolation_default=view.settings.isolation_default)
+        if info.request is None and not info.error:
+            return info, None
+        return info, info.pack(view.settings.slices_per_gpu, owner_spread=self.owner_spread)
+
+    def _rows(self, names: Sequence[str]) -> tuple[list[int], dict[str, str], dict[str, str]]:
+        view = self._view()
+        rows: list[int] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for name in names:
+            err = view.node_error(name)
+            if err is None:
+                failed[name] = UNKNOWN_NODE
+            elif err:
+                unresolvable[name] = err
+            else:
+                rows.append(view.node_row(name))
+        return rows, failed, unresolvable
+
+    def filter(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float) -> FilterResult:
+        """The extender's ``/filter`` for one pod over kube-scheduler's candidate nodes."""
+        try:
+            _, req = self.request_of(pod)
+        except GpuSliceError as err:
+            return FilterResult(error=str(err))
+        if req is None:  # not ours to place: every node passes
+            return FilterResult(feasible=tuple(node_names))
+        rows, failed, unresolvable = self._rows(node_names)
+        chosen, _, refused = self.filter_request(req, np.array(rows, dtype=np.int64), now)
+        st = self.state
+        feasible = tuple(st.node_names[int(v)] for v in chosen.node)
+        picked = set(int(v) for v in chosen.node)
+        for v in rows:
+            name = st.node_names[v]
+            if v in picked:
+                continue
+            if v in refused:
+                text, hard = refused[v]
+                (unresolvable if hard else failed)[name] = text
+            else:
+                failed[name] = NARROWED_OUT
+        res = self.cluster.reservations.get(req.uid)
+        return FilterResult(feasible, failed, unresolvable, res)
+
+    def prioritize(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float) -> list[tuple[str, int]]:
+        """The extender's ``/prioritize``: (node, 0..10) for every node given, unknown nodes 0."""
+        try:
+            _, req = self.request_of(pod)
+        except GpuSliceError:
+            return [(name, 0) for name in node_names]
+        if req is None:
+            return [(name, 0) for name in node_names]
+        view = self._view()
+        known = [(i, view.node_row(n)) for i, n in enumerate(node_names) if view.node_row(n) >= 0]
+        out = [0] * len(node_names)
+        if known:
+            scores = self.prioritize_request(req, np.array([r for _, r in known], dtype=np.int64), now)
+            for (i, _), sc in zip(known, scores.tolist(), strict=True):
+                out[i] = int(sc)
+        return list(zip(node_names, out, strict=True))
+
+    def bind_check(self, pod: Mapping[str, Any], node: str, now: float, *, lease_held: bool = True,
+                   lease: str = "") -> BindPlan:
+        """The assignment ``/bind`` should write for ``pod`` on ``node``, or why not.
+
+        ``pod`` is the pod as re-read from the API server. Refuses when this scheduler does not hold
+        its Lease (fencing), when the node is unknown or has no fitting free placement, and under the
+        same-size rule (DESIGN 3)."""
+        view = self._view()
+        if not lease_held:
+            return BindPlan(refusal=f"this scheduler does not hold its lease{' ' + lease if lease else ''}; "
+                                    "another replica is leading")
+        try:
+            info, req = self.request_of(pod)
+        except GpuSliceError as err:
+            return BindPlan(refusal=str(err))
+        if req is None or info.request is None:
+            return BindPlan(refusal=f"pod {info.label} asks no slices; gpu-slice does not bind it")
+        view.upsert_pod(pod, now)
+        claim = view.claim(info.uid)
+        if claim is not None and claim.assignment is not None:
+            if claim.assignment.node == node:
+                return BindPlan(assignment=claim.assignment, already=True)
+            return BindPlan(refusal=f"pod {info.label} is already assigned to node {claim.assignment.node}")
+        node_err = view.node_error(node)
+        if node_err is None:
+            return BindPlan(refusal=UNKNOWN_NODE)
+        if node_err:
+            return BindPlan(refusal=node_err)
+        held = view.reservations.get(info.uid)
+        placement: Placement | None = None
+        scores: dict[str, float] = {}
+        if held is not None and held.node == node and all(view.holder(node, s) in (None, info.uid)
+                                                           for s in held.slice_ids):
+            placement = self._placement(node, held.slice_ids)
+        if placement is None:
+            if held is not None:
+                view.release(info.uid)
+            v = view.node_row(node)
+            mask = np.zeros(self.state.n_nodes, dtype=bool)
+            mask[v] = True
+            ranked = self.rank(req, mask)
+            if len(ranked.cands) == 0:
+                ex = explain(self.state, req, ranked.fit, np.array([v], dtype=np.int64))
+                return BindPlan(refusal=ex.texts[0] or "no fitting free placement on the node")
+            i = int(ranked.best.index[0])
+            r = self.reservation_for(req, v, ranked.cands.units[i].tolist(), now)
+            view.hold(r)
+            placement = self._placement(node, r.slice_ids)
+            scores = {self.policy.name: float(ranked.score[i])}
+        assert placement is not None
+        n = view.nodes[node]
+        inventory = view.inventory(node)
+        holdings = n.holdings
+        if holdings is not None:
+            requests: dict[str, SliceRequest] = {}
+            for uid in holdings.held:
+                p = view.pod(uid)
+                if p is not None and p.request is not None:
+                    requests[uid] = p.request
+            clash = bind_conflicts(placement, info.request, info.uid, holdings, requests, inventory,
+                                   memory_tolerance=view.settings.memory_tolerance)
+            if clash:
+                names = ", ".join(h.pod for h in clash)
+                return BindPlan(refusal=f"same-size rule: {names} on {node} ask the same {info.request.slices} "
+                                        "slices and kubelet has not admitted them yet; retry after it has")
+        view.extend(info.uid, now)
+        when = datetime.fromtimestamp(now, UTC)
+        return BindPlan(Assignment(info.uid, node, placement.gpus, placement.instance, placement.slice_ids,
+                                   self.policy.name, when, scores))
+
+    def _placement(self, node: str, slice_ids: Sequence[str]) -> Placement | None:
+        """The placement those ids form on the node (None when they form none)."""
+        view = self._view()
+        inv = view.inventory(node)
+        try:
+            gpus = []
+            for sid in slice_ids:
+                g = inv.gpu_of(sid)
+                if g not in gpus:
+                    gpus.append(g)
+        except GpuSliceError:
+            return None
+        if not gpus:
+            return None
+        first = gpus[0]
+        if first.mode == "mig":
+            owner = slice_ids[0].rsplit("::", 1)[0]
+            inst = first.instance(owner)
+            return Placement(node, "mig", (first.uuid,), inst.uuid, tuple(slice_ids), inst.memory_mib)
+        if first.mode == "mps":
+            return Placement(node, "mps", (first.uuid,), None, tuple(slice_ids),
+                             mps_share_mib(first.memory_mib, len(slice_ids), first.slices))
+        return Placement(node, "whole", tuple(g.uuid for g in gpus), None, tuple(slice_ids),
+                         sum(g.memory_mib for g in gpus))
+
+    def preempt(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float) -> dict[str, list[str]]:
+        """Per node, the fewest pods of lower priority whose removal lets ``pod`` fit; nodes where no
+        such set exists are left out. Victims are pod UIDs."""
+        from gpuslice.preemption import victims_on
+
+        try:
+            info, req = self.request_of(pod)
+        except GpuSliceError:
+            return {}
+        if req is None:
+            return {}
+        view = self._view()
+        self.cluster.expire(now)
+        out: dict[str, list[str]] = {}
+        for name in node_names:
+            if view.node_row(name) < 0:
+                continue
+            found = victims_on(view, req, info.priority, name, now)
+            if found:
+                out[name] = found
+        return out
+
+
+def pods_as_requests(view: ClusterView, *, owner_spread: bool = True) -> list[PackRequest]:
+    """The packing requests of the pods that hold slices now (what a warm start observes), oldest first."""
+    out: list[tuple[str, PackRequest]] = []
+    for p in view.pods.values():
+        if p.claim is None or p.info.request is None or p.info.terminal:
+            continue
+        try:
+            out.append((p.info.created, p.info.pack(view.settings.slices_per_gpu, owner_spread=owner_spread)))
+        except RequestError:
+            continue
+    return [r for _, r in sorted(out, key=lambda t: t[0])]

@@ -1,0 +1,468 @@
+"""The cluster as the extender keeps it: a packing state updated in place from node and pod events.
+
+Every event touches one node: a pod event re-applies the counting rule
+(:func:`gpuslice.counting.settle`) to the claims of the node(s) it concerns and writes that node's
+usage into the array state (:meth:`ClusterState.set_node_usage`); a cordon or health change flips
+unit flags; a new node, or one whose GPU layout changed, appends unit rows. Nothing is rebuilt
+whole, so an event costs the same at 5 nodes and at 5,000. Rows retired by removed or re-laid-out
+nodes are reclaimed by a rebuild once they outnumber the live ones.
+
+Reservations (:mod:`gpuslice.reservations`) are held here by pod UID, node name and slice ids and
+count as the weakest claims on their node; a pod's own assignment, once it arrives, supersedes its
+reservation. Times are seconds since the epoch (the caller's clock).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+
+from gpuslice import ids
+from gpuslice.config import Config
+from gpuslice.counting import Claim, Holdings, PodProblem, claim_of, settle
+from gpuslice.errors import GpuSliceError
+from gpuslice.model import Gpu, NodeInventory
+from gpuslice.nodes import NodeInfo, project_node
+from gpuslice.packing.build import units_of
+from gpuslice.packing.state import KIND_MPS, POD_CLASSES, ClusterState, UnitSpec
+from gpuslice.pods import PodInfo, project
+from gpuslice.requests import Isolation
+from gpuslice.reservations import DEFAULT_TTL_S, Reservation, Reservations
+from gpuslice.rules import DEFAULT_MEMORY_TOLERANCE
+
+
+@dataclass(frozen=True, slots=True)
+class ViewSettings:
+    """What the view needs from the config (validated there)."""
+
+    slices_per_gpu: int = 7
+    memory_tolerance: float = DEFAULT_MEMORY_TOLERANCE
+    isolation_default: Isolation = "any"
+    owner_spread: bool = True
+    reservation_ttl_s: float = DEFAULT_TTL_S
+
+    @classmethod
+    def from_config(cls, config: Config) -> ViewSettings:
+        return cls(config.slices, config.memory_tolerance, config.isolation_default, config.owner_spread,
+                   config.reservation_ttl_seconds)
+
+
+@dataclass(slots=True)
+class _Pod:
+    info: PodInfo
+    claim: Claim | None
+    problem: PodProblem | None
+    concerns: str  # the node the claim or problem concerns ("" for none)
+
+
+@dataclass(slots=True)
+class _Node:
+    info: NodeInfo
+    row: int = -1  # -1: not in the state (no inventory, or unreadable)
+    keys: dict[str, int] = field(default_factory=dict)  # GPU or MIG UUID -> unit row
+    row_ids: dict[int, tuple[str, ...]] = field(default_factory=dict)  # unit row -> its slice ids
+    owners: Counter[tuple[str, int]] = field(default_factory=Counter)  # (owner, GPU id) counted in the state
+    held: dict[str, str] = field(default_factory=dict)  # slice id -> holder UID (pods, then reservations)
+    holdings: Holdings | None = None  # the counting rule's answer for the node's pods
+    problems: tuple[PodProblem, ...] = ()
+
+
+def _layout(gpus: Iterable[Gpu]) -> tuple[object, ...]:
+    """What fixes a node's unit rows: everything but health and cordon."""
+    return tuple((g.uuid, g.index, g.product, g.memory_mib, g.mode, g.slices, g.instances) for g in gpus)
+
+
+def _to_datetime(now: float) -> datetime:
+    return datetime.fromtimestamp(now, UTC)
+
+
+class ClusterView:
+    """Nodes and pods by event, with the packing state (``state``) kept in step."""
+
+    def __init__(self, settings: ViewSettings | None = None, *, config: Config | None = None) -> None:
+        self.settings = settings or (ViewSettings.from_config(config) if config is not None else ViewSettings())
+        self.config = config
+        self.state = self._empty_state()
+        self.nodes: dict[str, _Node] = {}
+        self.pods: dict[str, _Pod] = {}
+        self.by_node: dict[str, set[str]] = {}  # node name -> UIDs of pods bound or claiming there
+        self.reservations = Reservations(self.settings.reservation_ttl_s)
+        self.reserved_on: dict[str, set[str]] = {}  # node name -> reserved UIDs
+        self._expiry: list[tuple[float, str]] = []  # unbound claims: (expires, uid)
+        self._ttl = timedelta(seconds=self.settings.reservation_ttl_s)
+        self.pod_errors: dict[str, str] = {}  # uid -> why the pod could not be projected
+
+    def _empty_state(self) -> ClusterState:
+        return ClusterState([], [], slices_per_gpu=self.settings.slices_per_gpu,
+                            memory_tolerance=self.settings.memory_tolerance)
+
+    # ----- reading -------------------------------------------------------------------------
+    def node_row(self, name: str) -> int:
+        """The node's row in ``state``, -1 when it is unknown or has no usable inventory."""
+        n = self.nodes.get(name)
+        return -1 if n is None else n.row
+
+    def node_error(self, name: str) -> str | None:
+        """Why a known node takes no slices ("" when it does), None when the node is unknown."""
+        n = self.nodes.get(name)
+        if n is None:
+            return None
+        if n.info.error:
+            return n.info.error
+        if n.info.inventory is None:
+            return f"node {name} advertises no GPU slices (no inventory annotation from the device plugin)"
+        return ""
+
+    def inventory(self, name: str) -> NodeInventory:
+        """The node's inventory with ``used`` = the ids held now (pods and reservations)."""
+        n = self.nodes[name]
+        assert n.info.inventory is not None
+        known = n.info.inventory.all_ids()
+        return n.info.inventory.with_used(i for i in n.held if i in known)
+
+    def holder(self, name: str, slice_id: str) -> str | None:
+        n = self.nodes.get(name)
+        return None if n is None else n.held.get(slice_id)
+
+    def pod(self, uid: str) -> PodInfo | None:
+        p = self.pods.get(uid)
+        return None if p is None else p.info
+
+    def pods_on(self, name: str) -> list[PodInfo]:
+        return [self.pods[u].info for u in self.by_node.get(name, ())]
+
+    def claim(self, uid: str) -> Claim | None:
+        p = self.pods.get(uid)
+        return None if p is None else p.claim
+
+    def problems(self) -> list[str]:
+        out = [n.info.error for n in self.nodes.values() if n.info.error]
+        out += [str(p) for n in self.nodes.values() for p in n.problems]
+        out += list(self.pod_errors.values())
+        return out
+
+    def unit_ids(self, name: str, row: int) -> tuple[str, ...]:
+        return self.nodes[name].row_ids[row]
+
+    # ----- node events ------------------------------------------------------------------------
+    def upsert_node(self, node: Mapping[str, Any]) -> str:
+        """A node was added or changed; returns its name."""
+        info = project_node(node, config=self.config)
+        self._put_node(info)
+        return info.name
+
+    def remove_node(self, name: str) -> None:
+        n = self.nodes.pop(name, None)
+        if n is None:
+            return
+        if n.row >= 0:
+            self._drop_owners(n)
+            self.state.remove_node(n.row)
+            self._maybe_compact()
+
+    def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> None:
+        """A relist: the nodes listed are all there is."""
+        seen: set[str] = set()
+        for node in nodes:
+            try:
+                seen.add(self.upsert_node(node))
+            except GpuSliceError:
+                continue  # a node without a name cannot be placed on or named
+        for name in [n for n in self.nodes if n not in seen]:
+            self.remove_node(name)
+
+    def _put_node(self, info: NodeInfo) -> None:
+        old = self.nodes.get(info.name)
+        usable = info.inventory is not None and not info.error
+        if old is None:
+            n = _Node(info)
+            self.nodes[info.name] = n
+            if usable:
+                self._add_rows(n)
+            return
+        prev = old.info
+        old.info = info
+        if old.row >= 0 and not usable:
+            self._drop_owners(old)
+            self.state.remove_node(old.row)
+            old.row, old.keys, old.row_ids, old.held = -1, {}, {}, {}
+            self._maybe_compact()
+            return
+        if old.row < 0:
+            if usable:
+                self._add_rows(old)
+            return
+        v = old.row
+        spec, pspec = info.spec, prev.spec
+        if (spec.cpu_milli, spec.memory_mib) != (pspec.cpu_milli, pspec.memory_mib):
+            self.state.set_node_resources(v, spec.cpu_milli, spec.memory_mib)
+        if spec.product != pspec.product:
+            self.state.set_node_product(v, spec.product)
+        self.state.node_cost[v] = spec.cost_per_hour
+        assert info.inventory is not None and prev.inventory is not None
+        if _layout(info.inventory.gpus) != _layout(prev.inventory.gpus):
+            self._drop_owners(old)
+            self.state.replace_units(v, self._units(info.inventory))
+            self._index_rows(old)
+            self._recompute(info.name)
+            self._maybe_compact()
+        else:
+            rows, flags = [], []
+            for gpu in info.inventory.gpus:
+                for key in (gpu.uuid, *(i.uuid for i in gpu.instances)):
+                    row = old.keys.get(key)
+                    if row is not None and bool(self.state.unit_usable[row]) != gpu.schedulable:
+                        rows.append(row)
+                        flags.append(gpu.schedulable)
+            self.state.set_units_usable(rows, flags)
+
+    def _units(self, inventory: NodeInventory) -> list[UnitSpec]:
+        return sorted(units_of(0, inventory.with_used(())), key=lambda u: u.gpu_index)
+
+    def _add_rows(self, n: _Node) -> None:
+        assert n.info.inventory is not None
+        n.row = self.state.add_node(n.info.spec, self._units(n.info.inventory))
+        self._index_rows(n)
+        self._recompute(n.info.name)
+
+    def _index_rows(self, n: _Node) -> None:
+        assert n.info.inventory is not None
+        rows = self.state.node_rows(n.row).tolist()
+        keys: dict[str, int] = {}
+        row_ids: dict[int, tuple[str, ...]] = {}
+        units = self._units(n.info.inventory)
+        gpus = {g.uuid: g for g in n.info.inventory.gpus}
+        for unit, row in zip(units, rows, strict=True):
+            key = unit.instance or unit.gpu
+            keys[key] = row
+            gpu = gpus[unit.gpu]
+            row_ids[row] = gpu.instance(unit.instance).slice_ids() if unit.instance else gpu.slice_ids()
+        n.keys, n.row_ids = keys, row_ids
+
+    def _drop_owners(self, n: _Node) -> None:
+        for (owner, gpu), count in n.owners.items():
+            self.state.adjust_owner(owner, gpu, -count)
+        n.owners = Counter()
+
+    def _maybe_compact(self) -> None:
+        st = self.state
+        if st.dead_units > max(1024, st.n_units - st.dead_units) or (
+                st.n_nodes > 64 and int((~st.node_alive).sum()) > st.n_nodes // 2):
+            self.rebuild()
+
+    def rebuild(self) -> None:
+        """A fresh state from what the view holds (reclaims retired rows; results are the same)."""
+        self.state = self._empty_state()
+        for n in self.nodes.values():
+            n.row, n.owners = -1, Counter()
+            if n.info.inventory is not None and not n.info.error:
+                n.row = self.state.add_node(n.info.spec, self._units(n.info.inventory))
+                self._index_rows(n)
+        for name in self.nodes:
+            self._recompute(name)
+
+    # ----- pod events -------------------------------------------------------------------------
+    def upsert_pod(self, pod: Mapping[str, Any], now: float) -> str:
+        """A pod was added or changed; returns its UID (raises ``RequestError`` without one)."""
+        info = project(pod, isolation_default=self.settings.isolation_default)
+        self._put_pod(info, now)
+        return info.uid
+
+    def remove_pod(self, uid: str) -> None:
+        p = self.pods.pop(uid, None)
+        self.pod_errors.pop(uid, None)
+        if p is None:
+            return
+        touched = self._unindex(uid, p)
+        for name in touched:
+            self._recompute(name)
+
+    def replace_pods(self, pods: Iterable[Mapping[str, Any]], now: float) -> None:
+        """A relist: the pods listed are all there is. Nodes are recomputed once each at the end."""
+        old = self.pods
+        self.pods, self.by_node, self.pod_errors, self._expiry = {}, {}, {}, []
+        for pod in pods:
+            try:
+                info = project(pod, isolation_default=self.settings.isolation_default)
+            except GpuSliceError:
+                continue
+            self._index(info, now)
+        del old
+        for name in self.nodes:
+            self._recompute(name)
+
+    def put_pod(self, info: PodInfo, now: float) -> None:
+        """Insert or replace an already projected pod (preemption puts pods back this way)."""
+        self._put_pod(info, now)
+
+    def _put_pod(self, info: PodInfo, now: float) -> None:
+        touched: set[str] = set()
+        prev = self.pods.get(info.uid)
+        if prev is not None:
+            touched |= self._unindex(info.uid, prev)
+        touched |= self._index(info, now)
+        if info.uid in self.reservations and (info.node or self.pods[info.uid].claim is not None):
+            r = self.reservations.pop(info.uid)
+            if r is not None:
+                self.reserved_on.get(r.node, set()).discard(r.uid)
+                touched.add(r.node)
+        for name in touched:
+            self._recompute(name)
+
+    def _index(self, info: PodInfo, now: float) -> set[str]:
+        claim, problem, concerns = claim_of(info.counted, now=_to_datetime(now), reservation_ttl=self._ttl)
+        p = _Pod(info, claim, problem, concerns)
+        self.pods[info.uid] = p
+        if info.error:
+            self.pod_errors[info.uid] = info.error
+        touched = {x for x in (info.node, claim.node if claim else "", concerns) if x}
+        for name in touched:
+            self.by_node.setdefault(name, set()).add(info.uid)
+        if claim is not None and not claim.bound and claim.assignment is not None:
+            expires = claim.assignment.time.timestamp() + self.settings.reservation_ttl_s
+            heapq.heappush(self._expiry, (expires, info.uid))
+        return touched
+
+    def _unindex(self, uid: str, p: _Pod) -> set[str]:
+        touched = {x for x in (p.info.node, p.claim.node if p.claim else "", p.concerns) if x}
+        for name in touched:
+            s = self.by_node.get(name)
+            if s is not None:
+                s.discard(uid)
+                if not s:
+                    del self.by_node[name]
+        return touched
+
+    # ----- reservations and time ----------------------------------------------------------------
+    def hold(self, r: Reservation) -> None:
+        """Count a reservation at once (replacing the pod's earlier one)."""
+        self.release(r.uid)
+        self.reservations.add(r)
+        self.reserved_on.setdefault(r.node, set()).add(r.uid)
+        self._recompute(r.node)
+
+    def release(self, uid: str) -> Reservation | None:
+        r = self.reservations.pop(uid)
+        if r is not None:
+            self.reserved_on.get(r.node, set()).discard(uid)
+            self._recompute(r.node)
+        return r
+
+    def extend(self, uid: str, now: float) -> None:
+        """Keep a bound pod's reservation until its assignment arrives by watch (or the TTL runs out)."""
+        r = self.reservations.get(uid)
+        if r is not None:
+            self.reservations.add(replace(r, expires=now + self.settings.reservation_ttl_s))
+
+    def expire(self, now: float) -> None:
+        """Drop reservations and unbound assignments whose time is up."""
+        for r in self.reservations.due(now):
+            self.reserved_on.get(r.node, set()).discard(r.uid)
+            self._recompute(r.node)
+        while self._expiry and self._expiry[0][0] <= now:
+            _, uid = heapq.heappop(self._expiry)
+            p = self.pods.get(uid)
+            if p is not None and p.claim is not None and not p.claim.bound:
+                touched = self._unindex(uid, p)
+                touched |= self._index(p.info, now)
+                for name in touched:
+                    self._recompute(name)
+
+    # ----- usage --------------------------------------------------------------------------------
+    def _recompute(self, name: str) -> None:
+        """Re-apply the counting rule to one node and write its usage into the state."""
+        n = self.nodes.get(name)
+        if n is None or n.row < 0:
+            return
+        st = self.state
+        pods = [self.pods[u] for u in self.by_node.get(name, ())]
+        claims = [p.claim for p in pods if p.claim is not None and p.claim.node == name]
+        holdings = settle(name, claims, [p.problem for p in pods if p.problem is not None and p.concerns == name])
+        problems = list(holdings.problems)
+        used: dict[int, int] = {}
+        held: dict[str, str] = {}
+        owners: Counter[tuple[str, int]] = Counter()
+        classes = np.zeros(POD_CLASSES, dtype=np.int64)
+        cpu = mem = 0
+        spread = self.settings.owner_spread
+
+        def take(uid: str, sids: Iterable[str], owner: str) -> None:
+            rows: dict[int, int] = {}
+            for sid in sids:
+                if sid in held:
+                    continue
+                try:
+                    row = n.keys.get(ids.owner_of(sid))
+                except GpuSliceError:
+                    row = None
+                if row is None:
+                    continue
+                held[sid] = uid
+                rows[row] = rows.get(row, 0) + 1
+            for row, k in rows.items():
+                used[row] = used.get(row, 0) + k
+            if rows:
+                first = next(iter(rows))
+                cls = 0 if len(rows) == 1 and rows[first] < int(st.unit_cap[first]) else min(len(rows),
+                                                                                             POD_CLASSES - 1)
+                classes[cls] += 1
+                if owner and spread:
+                    for g in {int(st.unit_gpu_id[r]) for r in rows}:
+                        owners[(owner, g)] += 1
+
+        known = n.info.inventory.all_ids() if n.info.inventory is not None else frozenset()
+        for uid, h in holdings.held.items():
+            missing = sorted(h.slice_ids - known)
+            if missing:
+                problems.append(PodProblem(h.pod, uid, f"holds ids not advertised on node {name}: "
+                                                       f"{', '.join(missing)}"))
+            take(uid, h.slice_ids, self.pods[uid].info.owner)
+        for p in pods:
+            counts = (p.info.node == name and not p.info.terminal) or (
+                not p.info.node and p.claim is not None and p.claim.node == name and not p.info.terminal)
+            if counts:
+                cpu += p.info.cpu_milli
+                mem += p.info.memory_mib
+        for uid in sorted(self.reserved_on.get(name, ())):
+            r = self.reservations.get(uid)
+            if r is None:
+                continue
+            cpu += r.cpu_milli
+            mem += r.memory_mib
+            take(uid, r.slice_ids, r.owner)
+        rows = list(n.row_ids)
+        free = []
+        for row in rows:
+            cap, k = int(st.unit_cap[row]), used.get(row, 0)
+            free.append(max(cap - k, 0) if int(st.unit_kind[row]) == KIND_MPS else (0 if k else cap))
+        st.set_node_usage(n.row, rows, free, cpu, mem, classes.tolist())
+        for key in set(owners) | set(n.owners):
+            delta = owners[key] - n.owners[key]
+            if delta:
+                st.adjust_owner(key[0], key[1], delta)
+        n.owners, n.held, n.holdings, n.problems = owners, held, holdings, tuple(problems)
+
+    # ----- building from lists ----------------------------------------------------------------
+    @classmethod
+    def from_objects(cls, items: Iterable[Mapping[str, Any]], now: float, *, config: Config | None = None,
+                     settings: ViewSettings | None = None) -> ClusterView:
+        """A view of Nodes and Pods given as plain mappings (a v1 List's items)."""
+        view = cls(settings, config=config)
+        nodes: list[Mapping[str, Any]] = []
+        pods: list[Mapping[str, Any]] = []
+        for item in items:
+            kind = item.get("kind")
+            if kind == "Node":
+                nodes.append(item)
+            elif kind == "Pod":
+                pods.append(item)
+        view.replace_nodes(nodes)
+        view.replace_pods(pods, now)
+        return view
+
