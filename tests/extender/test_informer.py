@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 
 from extender.informer import Backoff, EventType, Informer, Kind
+from tests.extender.helpers import WAIT, wait_for
 from tests.fakeapi import FakeApiServer
-
-WAIT = 10.0  # deadline for conditions; never reached when things work
 
 
 def key(obj: dict[str, Any]) -> str:
@@ -69,20 +68,6 @@ class Recorder:
     def names(self, kind: str) -> set[str]:
         with self.cond:
             return set(self.state[kind])
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = WAIT) -> bool:
-    done = threading.Event()
-    deadline = threading.Timer(timeout, done.set)
-    deadline.start()
-    try:
-        while not done.is_set():
-            if predicate():
-                return True
-            done.wait(0.01)
-        return predicate()
-    finally:
-        deadline.cancel()
 
 
 def pod(name: str, **extra: Any) -> dict[str, Any]:
