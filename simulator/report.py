@@ -51,7 +51,8 @@ BUILTIN_LEGEND = _legend("Columns of the built-in day's table (means over the se
     ("pending", "pods that found no fitting slice when first tried and waited Pending (reasons below)"),
     ("never", "of those, pods deleted (scale-down, end of day) before a slice freed up for them"),
     ("pend-h", "pod-hours spent Pending, all pods together"),
-    ("GPUs avg", "GPUs holding at least one slice pod, time-averaged over the day; GPUs peak: the most"),
+    ("GPUs avg", "GPUs holding at least one slice pod, time-averaged over the day; GPUs peak: the most\n"
+                 "at once"),
     ("frag %", "idle slices on GPUs in use / all slices of GPUs in use, time-averaged: capacity paid for\n"
                "but stranded"),
     ("$/h avg", "hourly price of the nodes holding at least one GPU pod (their spot or on-demand price),\n"
