@@ -112,6 +112,7 @@ class Ranked:
     cands: Candidates
     best: NodeBest
     score: F64
+    secondary: F64
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,10 +191,10 @@ class Scheduler:
         fit = st.fit(req)
         cands = enumerate_candidates(st, req, fit, node_mask)
         if len(cands) == 0:
-            return Ranked(fit, cands, best_per_node(cands, np.zeros(0)), np.zeros(0))
+            return Ranked(fit, cands, best_per_node(cands, np.zeros(0)), np.zeros(0), np.zeros(0))
         score = self.policy.score(st, req, cands, self.memory)
         secondary = self.policy.secondary(st, req, cands, self.memory)
-        return Ranked(fit, cands, best_per_node(cands, score, secondary), score)
+        return Ranked(fit, cands, best_per_node(cands, score, secondary), score, secondary)
 
     def narrowed(self, ranked: Ranked) -> NodeBest:
         return narrowed_filter(ranked.best, self.node_keys(), self.narrow)
@@ -243,34 +244,41 @@ class Scheduler:
         return chosen, ranked, refused
 
     def prioritize_request(self, req: PackRequest, rows: I64, now: float) -> I64:
-        """0..10 per row in ``rows``: the pod's reserved node (else the best) 10, the others below by score."""
+        """0..10 per row in ``rows``: the node the filter reserved for the pod (else the best-scoring
+        one) 10, the others at most 9 by their best placement's score, nodes that cannot take it 0.
+
+        The reservation stays in place: the reserved node gets 10 whatever it would score now, and
+        the other nodes do not hold it, so their scores are what placing there would give."""
         self.cluster.expire(now)
         st = self.state
-        held = self.cluster.release(req.uid) if req.uid else None
-        try:
-            mask = np.zeros(st.n_nodes, dtype=bool)
-            mask[rows] = True
-            ranked = self.rank(req, mask)
-            per_node = np.full(st.n_nodes, -1.0)
-            per_node[ranked.best.node] = ranked.best.score
-        finally:
-            if held is not None:
-                self.cluster.hold(held)
-        scores = per_node[rows]
         out = np.zeros(rows.shape[0], dtype=np.int64)
+        if rows.shape[0] == 0:
+            return out
+        held = self.cluster.reservations.get(req.uid) if req.uid else None
+        lead = -1
+        if held is not None and held.node in st.node_index:
+            hit = np.flatnonzero(rows == st.node_index[held.node])
+            lead = int(hit[0]) if hit.shape[0] else -1
+        if lead >= 0 and rows.shape[0] == 1:
+            out[0] = 10
+            return out
+        mask = np.zeros(st.n_nodes, dtype=bool)
+        mask[rows] = True
+        ranked = self.rank(req, mask)
+        per_node = np.full(st.n_nodes, -1.0)
+        per_node[ranked.best.node] = ranked.best.score
+        scores = per_node[rows]
         ok = scores >= 0
-        if ok.any():
+        if lead < 0:
+            if not ok.any():
+                return out
+            cand = np.flatnonzero(ok)
             keys = self.node_keys()[rows]
-            lead = -1
-            if held is not None and held.node in st.node_index:
-                hit = np.flatnonzero(rows == st.node_index[held.node])
-                lead = int(hit[0]) if hit.shape[0] and ok[hit[0]] else -1
-            if lead < 0:
-                cand = np.flatnonzero(ok)
-                lead = int(cand[np.lexsort((keys[cand], -scores[cand]))[0]])
-            sub = np.flatnonzero(ok)
-            order = np.concatenate([[lead], sub[sub != lead]])
-            out[order] = priority_scores(scores[order], ranked=True)
+            lead = int(cand[np.lexsort((keys[cand], -scores[cand]))[0]])
+        ok[lead] = True
+        sub = np.flatnonzero(ok)
+        scores = np.where(ok, scores, 0.0)
+        out[sub] = priority_scores(scores[sub], ranked=True, lead=int(np.flatnonzero(sub == lead)[0]))
         return out
 
     # ----- pod level (the extender) ----------------------------------------------------------------

@@ -26,19 +26,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from gpuslice.decision import (
-    NarrowConfig,
-    Reservations,
-    best_per_node,
-    kube_select,
-    narrowed_filter,
-    node_order,
-    paper_choice,
-    priority_scores,
-)
-from gpuslice.packing.state import ClusterState, PackRequest, enumerate_candidates
-from gpuslice.policies.base import PolicyContext
-from gpuslice.policies.registry import Weighted, resolve
+from gpuslice.decision import NarrowConfig, kube_select, paper_choice, priority_scores
+from gpuslice.packing.state import ClusterState, PackRequest
+from gpuslice.policies.registry import Weighted
+from gpuslice.scheduler import PackedCluster, Scheduler
 from simulator.openb import MILLI, OpenbNode, OpenbPod, build_state, to_request
 
 MODES = ("protocol", "wide", "ideal", "paper")
@@ -99,13 +90,12 @@ def replay(state: ClusterState, reqs: Sequence[PackRequest], base: Sequence[Pack
     started = time.perf_counter()
     if options.mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}")
-    pol = resolve(policy) if isinstance(policy, str) else policy
-    memory = pol.new_memory(PolicyContext(seed, list(base)))
+    cluster = PackedCluster(state)
+    sched = Scheduler(cluster, policy, narrow=options.narrow, seed=seed, trace=list(base))
     paper_rank = np.empty(state.n_nodes, dtype=np.int64)
     paper_rank[np.random.default_rng(seed).permutation(state.n_nodes)] = np.arange(state.n_nodes)
-    ext_rank = node_order(state.node_names)
+    ext_rank = sched.node_keys()
     kube_rng = np.random.default_rng(seed + 104729)
-    reservations = Reservations()
     total = float(state.total_slices)
     demand = np.array([r.total_slices for r in reqs], dtype=np.float64)
     arrived = np.cumsum(demand) / total * 100.0
@@ -113,38 +103,45 @@ def replay(state: ClusterState, reqs: Sequence[PackRequest], base: Sequence[Pack
     placed = np.zeros(len(reqs), dtype=bool)
     mode = options.mode
     for i, req in enumerate(reqs):
-        pol.observe(memory, req)
-        fit = state.fit(req)
-        cands = enumerate_candidates(state, req, fit)
-        if len(cands):
-            score = pol.score(state, req, cands, memory)
-            if mode == "paper":
-                c = paper_choice(cands, score, pol.secondary(state, req, cands, memory), paper_rank)
-            else:
-                best = best_per_node(cands, score, pol.secondary(state, req, cands, memory))
-                if mode == "ideal":
-                    c = int(best.index[np.lexsort((ext_rank[best.node], -best.score))[0]])
+        sched.observe(req)
+        now = float(i)
+        if mode == "protocol":
+            # The extender's /filter (narrowed, reserves the first node's best placement) and
+            # /prioritize, then kube-scheduler's pick and /bind.
+            shown, ranked, _ = sched.filter_request(req, None, now, explain_refused=False)
+            cands = ranked.cands
+            c = -1
+            if shown.node.shape[0]:
+                prio = sched.prioritize_request(req, shown.node, now)
+                kube = _kube_scores(state, shown.node, req, options.kube_scorer)
+                pick = kube_select(prio * 10, options.extender_weight, kube, kube_rng)
+                c = int(shown.index[pick])
+                held = cluster.reservations.get(req.uid)
+                if held is not None and held.node == state.node_names[int(cands.node[c])]:
+                    cluster.bind(req.uid)
+                    c = -2  # already applied by the reservation
                 else:
-                    shown = narrowed_filter(best, ext_rank, options.narrow) if mode == "protocol" else best
-                    if mode == "protocol":
-                        first = int(shown.index[0])
-                        reservations.reserve(state, req, int(cands.node[first]), cands.units[first].tolist(), i)
-                    prio = priority_scores(shown.score, ranked=mode == "protocol")
-                    kube = _kube_scores(state, shown.node, req, options.kube_scorer)
-                    pick = kube_select(prio * 10, options.extender_weight, kube, kube_rng)
-                    c = int(shown.index[pick])
-                    if mode == "protocol":
-                        held = reservations.held[req.uid]
-                        if held.node == int(cands.node[c]):
-                            reservations.bind(req.uid)
-                            c = -2  # already applied by the reservation
-                        else:
-                            reservations.release(state, req.uid)
-            if c >= 0:
-                state.take(int(cands.node[c]), cands.units[c].tolist(), req.slices, req.cpu_milli,
-                           req.memory_mib, req.owner)
-            placed[i] = c != -1
+                    cluster.release(req.uid)
+        else:
+            ranked = sched.rank(req)
+            cands = ranked.cands
+            c = -1
+            if len(cands):
+                if mode == "paper":
+                    c = paper_choice(cands, ranked.score, ranked.secondary, paper_rank)
+                elif mode == "ideal":
+                    best = ranked.best
+                    c = int(best.index[np.lexsort((ext_rank[best.node], -best.score))[0]])
+                else:  # wide: every feasible node, 0..10 with kube-scheduler's random ties
+                    best = ranked.best
+                    prio = priority_scores(best.score, ranked=False)
+                    kube = _kube_scores(state, best.node, req, options.kube_scorer)
+                    c = int(best.index[kube_select(prio * 10, options.extender_weight, kube, kube_rng)])
+        if c >= 0:
+            state.take(int(cands.node[c]), cands.units[c].tolist(), req.slices, req.cpu_milli,
+                       req.memory_mib, req.owner)
+        placed[i] = c != -1
         allocated[i] = state.allocated_slices / total * 100.0
         if progress is not None and (i % 256 == 0 or i == len(reqs) - 1):
             progress(i + 1, len(reqs))
-    return RunResult(pol.name, mode, seed, arrived, allocated, placed, time.perf_counter() - started)
+    return RunResult(sched.policy.name, mode, seed, arrived, allocated, placed, time.perf_counter() - started)

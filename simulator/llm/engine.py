@@ -1,9 +1,9 @@
 """Event-driven replay of the built-in day through the extender's own decision code.
 
-Per pod, exactly what the extender does (``gpuslice.decision``): the unit fit of the shared
-``ClusterState`` (memory floors, isolation, owner spread), the policy's scores and secondary order,
-``best_per_node``, the narrowed filter with the consistent node order, a ``Reservations`` hold at
-filter time and a bind ``bind_latency_s`` later; refused pods get ``filter_reasons``.
+Per pod, exactly what the extender does, through the same API (:mod:`gpuslice.scheduler`): the
+narrowed filter over the shared ``ClusterState`` (memory floors, isolation, owner spread, the
+policy's scores, the consistent node order), a reservation held at filter time and a bind
+``bind_latency_s`` later; refused pods get the filter's reasons (:mod:`gpuslice.reasons`).
 
 Around it, what Kubernetes does: new pods are tried at once in creation order; a pod that fits
 nowhere waits Pending and is retried whenever slices are freed (kube-scheduler moves
@@ -30,27 +30,14 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from gpuslice.decision import (
-    NarrowConfig,
-    Reservations,
-    best_per_node,
-    filter_reasons,
-    narrowed_filter,
-    node_order,
-)
+from gpuslice.decision import NarrowConfig
 from gpuslice.packing.build import pack_request as build_pack_request
 from gpuslice.packing.build import state_from_inventories
-from gpuslice.packing.state import (
-    KIND_MPS,
-    ClusterState,
-    NodeSpec,
-    PackRequest,
-    enumerate_candidates,
-)
-from gpuslice.policies import registry
+from gpuslice.packing.state import KIND_MPS, ClusterState, NodeSpec, PackRequest
 from gpuslice.policies import utilization as utilization_policy
-from gpuslice.policies.base import PolicyContext
+from gpuslice.reasons import explain
 from gpuslice.requests import SliceRequest
+from gpuslice.scheduler import PackedCluster, Scheduler
 from simulator.llm.cluster import Cluster, S
 from simulator.llm.workload import Owner, Workload, diurnal
 
@@ -145,7 +132,7 @@ class Result:
         }
 
 
-_OWNER_RULE = re.compile(r"already runs a pod of owner \S+")
+_OWNER_RULE = re.compile(r"already runs a pod of \S+")
 _NODE_FREE = re.compile(r", node has \d+m? (MiB )?free")
 
 
@@ -177,15 +164,15 @@ class Replay:
         self.cluster = cluster
         self.workload = workload
         self.policy_spec = policy
-        self.policy = registry.resolve(policy)
-        self.memory = self.policy.new_memory(PolicyContext(seed=workload.seed))
-        self.narrow = NarrowConfig(margin=margin, max_nodes=1)
         self.bind_latency_s = bind_latency_s
         self.scrape_s = scrape_s
         self.series_step_s = series_step_s
         self.state, self.unit_gpu = build_state(cluster)
-        self.rank = node_order(self.state.node_names)
-        self.reservations = Reservations(timeout=reservation_ttl_s)
+        self.packed = PackedCluster(self.state, reservation_ttl_s)
+        self.sched = Scheduler(self.packed, policy, narrow=NarrowConfig(margin=margin, max_nodes=1),
+                               seed=workload.seed)
+        self.policy = self.sched.policy
+        self.memory = self.sched.memory
         self.n_gpus = int(self.unit_gpu.max()) + 1 if self.unit_gpu.shape[0] else 0
         self.gpu_node = np.zeros(self.n_gpus, dtype=np.int64)
         self.gpu_node[self.unit_gpu] = self.state.unit_node[: self.state.n_units]
@@ -273,7 +260,7 @@ class Replay:
         self.pods[uid] = pod
         self.by_owner.setdefault(owner.name, []).append(pod)
         self.result.pods_created += 1
-        self.policy.observe(self.memory, pod.req)
+        self.sched.observe(pod.req)
         if not self._schedule(t, pod, first=True):
             pod.ever_pending = True
             pod.pending_since = t
@@ -284,22 +271,17 @@ class Replay:
         """One scheduling cycle: filter (narrowed), reserve; False when no node fits."""
         state, req = self.state, pod.req
         self._refresh_signals(t)
-        self.reservations.expire(state, t)
-        fit = state.fit(req)
-        cands = enumerate_candidates(state, req, fit)
+        chosen, ranked, _ = self.sched.filter_request(req, None, t, explain_refused=False)
         self.result.decisions += 1
-        if len(cands) == 0:
+        if chosen.node.shape[0] == 0:
             if first:
-                for text in normalise_reasons(filter_reasons(state, req, fit).values()):
+                rows = np.flatnonzero(state.node_alive).astype(np.int64)
+                for text in normalise_reasons(explain(state, req, ranked.fit, rows).texts):
                     self.result.reasons[text] += 1
             return False
-        score = self.policy.score(state, req, cands, self.memory)
-        secondary = self.policy.secondary(state, req, cands, self.memory)
-        chosen = narrowed_filter(best_per_node(cands, score, secondary), self.rank, self.narrow)
         i = int(chosen.index[0])
-        node = int(cands.node[i])
-        units = tuple(int(u) for u in cands.units[i])
-        self.reservations.reserve(state, req, node, units, t)
+        node = int(ranked.cands.node[i])
+        units = tuple(int(u) for u in ranked.cands.units[i])
         pod.phase, pod.node, pod.units = "reserved", node, units
         self._mark(units, +pod.activity * req.slices / S, t)
         self._push(t + self.bind_latency_s, _P_BIND, "bind", pod.uid)
@@ -310,7 +292,7 @@ class Replay:
         pod = self.pods.get(uid)
         if pod is None or pod.phase != "reserved":
             return
-        if self.reservations.bind(uid) is None:  # expired before bind: kube-scheduler retries
+        if self.packed.bind(uid) is None:  # expired before bind: kube-scheduler retries
             pod.phase = "pending"
             self._mark(pod.units, -pod.activity * pod.req.slices / S, t)
             pod.node, pod.units = -1, ()
@@ -330,7 +312,7 @@ class Replay:
             if pod.bound_at < 0:
                 self.result.pods_never_placed += 1
         elif pod.phase == "reserved":
-            self.reservations.release(self.state, pod.uid)
+            self.packed.release(pod.uid)
             self._freed(pod, t)
         elif pod.phase == "running":
             r = pod.req
@@ -381,7 +363,7 @@ class Replay:
         """End of the day: every owner is deleted; what stays allocated afterwards is a leak."""
         for pod in sorted(self.pods.values(), key=lambda p: p.uid):
             self._delete(t, pod)
-        self.reservations.expire(self.state, math.inf)
+        self.packed.expire(math.inf)
         st = self.state
         self.result.leaked_slices = int((st.unit_cap[: st.n_units] - st.unit_free[: st.n_units]).sum())
 

@@ -1,4 +1,5 @@
-"""The extender's pure decision logic: reasons, narrowed filter, 0..10 mapping, reservations."""
+"""The decision building blocks: fit, narrowed filter, 0..10 mapping, kube-scheduler's pick, and the
+array-level reasons and reservations as the simulator uses them (gpuslice.scheduler.PackedCluster)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ import pytest
 from gpuslice.decision import (
     NarrowConfig,
     NodeBest,
-    Reservations,
     best_per_node,
-    filter_reasons,
     kube_select,
     narrowed_filter,
     node_order,
@@ -28,6 +27,15 @@ from gpuslice.packing.state import (
     UnitSpec,
     enumerate_candidates,
 )
+from gpuslice.reasons import explain
+from gpuslice.reservations import Reservation
+from gpuslice.scheduler import PackedCluster
+
+
+def filter_reasons(state: ClusterState, req: PackRequest) -> dict[int, str]:
+    fit = state.fit(req)
+    bad = np.flatnonzero(~fit.feasible).astype(np.int64)
+    return dict(zip(bad.tolist(), explain(state, req, fit, bad).texts, strict=True))
 
 
 def small() -> ClusterState:
@@ -44,9 +52,9 @@ def test_reasons_name_the_missing_resource() -> None:
     req = PackRequest(cpu_milli=8000, memory_mib=1000, gpus=1, slices=300, products=frozenset({"T4", "G2"}))
     reasons = filter_reasons(state, req)
     assert set(reasons) == {0, 1, 2}
-    assert reasons[0] == "insufficient cpu: pod asks 8000m, node has 4000m free"
-    assert reasons[1] == "no GPU with 300 free slices of 1000"
-    assert reasons[2] == "GPU product A100 not in pod's allowed models (G2, T4)"
+    assert reasons[0] == "node has 4000m allocatable CPU, the pod asks 8000m"
+    assert reasons[1] == "slices in use: no fitting GPU has 300 free slices (at most 200 of 1000 free)"
+    assert reasons[2] == "GPU product A100 is not among the pod's allowed products (G2, T4)"
 
 
 def test_mig_units_need_exact_size_and_reason_says_so() -> None:
@@ -54,8 +62,9 @@ def test_mig_units_need_exact_size_and_reason_says_so() -> None:
     ok = enumerate_candidates(state, PackRequest(gpus=1, slices=3, isolation="mig"))
     assert ok.node.tolist() == [2] and state.unit_cap[ok.units[0, 0]] == 3
     reasons = filter_reasons(state, PackRequest(gpus=1, slices=1, isolation="mig"))
-    assert reasons[2] == "no free MIG instance with exactly 1 compute slices"
-    assert reasons[0] == "pod asks MIG isolation and the node has no MIG instances"
+    assert reasons[2] == ("no GPU here can take exactly 1 slices: MIG instances here have 2, 3 compute "
+                          "slices")
+    assert reasons[0] == "pod asks mig isolation and the node has no MIG instances (modes here: mps)"
 
 
 def test_whole_gpus_only_taken_whole_and_multi_gpu_only_on_whole_mode() -> None:
@@ -83,7 +92,8 @@ def test_narrowed_filter_margin_and_consistent_order() -> None:
     one = narrowed_filter(best, rank, NarrowConfig())
     assert one.node.tolist() == [2]  # tie between 1 and 2 goes to the lower rank
     wide = narrowed_filter(best, rank, NarrowConfig(margin=0.06, max_nodes=5))
-    assert wide.node.tolist() == [2, 1, 0]
+    assert wide.node.tolist() == [0, 2, 1]  # within the margin all count as tied: node order alone
+    assert narrowed_filter(best, rank, NarrowConfig(margin=0.06)).node.tolist() == [0]  # the margin matters
     with pytest.raises(PackingError):
         NarrowConfig(margin=-1)
 
@@ -99,6 +109,8 @@ def test_node_order_is_stable_and_not_grouped() -> None:
 def test_priority_scores_map_onto_0_to_10() -> None:
     assert priority_scores(np.array([0.8, 0.8, 0.2]), ranked=False).tolist() == [10, 10, 0]
     assert priority_scores(np.array([0.8, 0.8, 0.2])).tolist() == [10, 9, 0]
+    assert priority_scores(np.array([0.5, 0.9, 0.7])).tolist() == [0, 10, 5]  # the best node, not the first
+    assert priority_scores(np.array([0.5, 0.9, 0.7]), lead=2).tolist() == [0, 9, 10]
     assert priority_scores(np.array([0.3])).tolist() == [10]
     assert priority_scores(np.array([])).tolist() == []
 
@@ -123,12 +135,13 @@ def test_best_per_node_and_paper_choice() -> None:
 
 def test_reservations_count_until_bind_or_timeout() -> None:
     state = small()
-    res = Reservations(timeout=10)
-    req = PackRequest(cpu_milli=100, gpus=1, slices=100, uid="p1")
-    res.reserve(state, req, 1, [1], now=0)
+    cluster = PackedCluster(state, reservation_ttl_s=10)
+    r = Reservation("p1", "b", ((state.unit_gpu[1], ""),), 100, (), 100, 0, "", expires=10.0)
+    cluster.hold(r)
     assert state.unit_free[1] == 100 and state.node_cpu_free[1] == 63900
-    assert res.expire(state, now=5) == []
-    assert [r.uid for r in res.expire(state, now=10)] == ["p1"]
-    assert state.unit_free[1] == 200
-    res.reserve(state, req, 1, [1], now=20)
-    assert res.bind("p1") is not None and state.unit_free[1] == 100 and not res.held
+    cluster.expire(5)
+    assert "p1" in cluster.reservations
+    cluster.expire(10)
+    assert "p1" not in cluster.reservations and state.unit_free[1] == 200
+    cluster.hold(r)
+    assert cluster.bind("p1") is not None and state.unit_free[1] == 100 and not cluster.reservations.held

@@ -90,7 +90,7 @@ def test_replay_is_deterministic_and_leaks_nothing(cluster) -> None:  # type: ig
     st = r1.state
     assert (st.unit_free[: st.n_units] == st.unit_cap[: st.n_units]).all()
     assert (st.node_cpu_free == st.node_cpu_cap).all() and (st.node_mem_free == st.node_mem_cap).all()
-    assert not r1.reservations.held and not r1.pods and not r1.pending
+    assert not r1.packed.reservations.held and not r1.pods and not r1.pending
     assert 0 < res1.gpus_in_use_avg <= res1.gpus_in_use_peak <= cluster.gpu_count
     assert 0 < res1.cost_per_hour <= res1.cost_peak <= cluster.hourly_cost() + 1e-6
 
