@@ -14,14 +14,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gpuslice import annotations as ann
+from gpuslice.config import Config
 from gpuslice.errors import GpuSliceError
-from gpuslice.kubelist import node_inventory, node_name, parse_list_text
+from gpuslice.kubelist import parse_list_text
 from gpuslice.model import NodeInventory
-from gpuslice.packing.build import pack_request, state_from_inventories
+from gpuslice.nodes import project_node
+from gpuslice.packing.build import state_from_inventories
 from gpuslice.packing.state import ClusterState, NodeSpec, PackRequest
-from gpuslice.requests import parse_request
-from gpuslice.units import MIB, parse_quantity
+from gpuslice.pods import PodInfo, project
+from gpuslice.rules import DEFAULT_MEMORY_TOLERANCE
 from simulator.inflate import inflate_items
 
 
@@ -39,9 +40,11 @@ class KubeCluster:
     nodes: tuple[tuple[NodeSpec, NodeInventory], ...]
     slices_per_gpu: int
     requests: tuple[PackRequest, ...]
+    memory_tolerance: float = DEFAULT_MEMORY_TOLERANCE
 
     def state(self) -> ClusterState:
-        return state_from_inventories(self.nodes, slices_per_gpu=self.slices_per_gpu)
+        return state_from_inventories(self.nodes, slices_per_gpu=self.slices_per_gpu,
+                                      memory_tolerance=self.memory_tolerance)
 
     @property
     def gpus(self) -> int:
@@ -53,117 +56,73 @@ def looks_like_kube_list(path: str | os.PathLike[str]) -> bool:
     return Path(path).suffix.lower() in (".yaml", ".yml", ".json")
 
 
-def _milli(value: object, what: str) -> int:
-    return int(parse_quantity(value, what=what) * 1000)
+def load_kube_cluster(paths: Sequence[str | os.PathLike[str]], *, config: Config | None = None) -> KubeCluster:
+    """Nodes and pods from one or more v1 List files (nodes and pods may be in the same file).
 
-
-def _mib(value: object, what: str) -> int:
-    return int(parse_quantity(value, what=what) / MIB)
-
-
-def _node_spec(node: Mapping[str, Any], inventory: NodeInventory) -> NodeSpec:
-    name = node_name(node)
-    alloc = (node.get("status") or {}).get("allocatable") or {}
-    cpu = _milli(alloc.get("cpu", 0), f"node {name}: status.allocatable.cpu")
-    mem = _mib(alloc.get("memory", 0), f"node {name}: status.allocatable.memory")
-    meta = node.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    product = labels.get(ann.PRODUCT_LABEL) or (inventory.gpus[0].product if inventory.gpus else "")
-    raw_cost = ann.pod_annotations(node).get(ann.HOURLY_COST_KEY)
-    try:
-        cost = float(raw_cost) if raw_cost is not None else 0.0
-    except ValueError:
-        raise GpuSliceError(f"node {name}: annotation {ann.HOURLY_COST_KEY}={raw_cost!r} is not a number") from None
-    return NodeSpec(name, cpu, mem, str(product), cost)
-
-
-def _pod_cpu_memory(pod: Mapping[str, Any], where: str) -> tuple[int, int]:
-    """Kubernetes' pod-requests rule for CPU and memory: max(app containers, each init container)."""
-    spec = pod.get("spec") or {}
-
-    def requests(c: Mapping[str, Any]) -> tuple[int, int]:
-        req = (c.get("resources") or {}).get("requests") or {}
-        return (_milli(req.get("cpu", 0), f"{where}: container {c.get('name')!r} cpu"),
-                _mib(req.get("memory", 0), f"{where}: container {c.get('name')!r} memory"))
-
-    apps = [requests(c) for c in spec.get("containers") or []]
-    cpu, mem = sum(a[0] for a in apps), sum(a[1] for a in apps)
-    for c in spec.get("initContainers") or []:
-        ic, im = requests(c)
-        cpu, mem = max(cpu, ic), max(mem, im)
-    return cpu, mem
-
-
-def _products(pod: Mapping[str, Any]) -> frozenset[str] | None:
-    """A GPU-product constraint from nodeSelector or required node affinity on the product label."""
-    spec = pod.get("spec") or {}
-    wanted = (spec.get("nodeSelector") or {}).get(ann.PRODUCT_LABEL)
-    if wanted:
-        return frozenset([str(wanted)])
-    terms = ((((spec.get("affinity") or {}).get("nodeAffinity") or {})
-              .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or [])
-    for term in terms:
-        for expr in term.get("matchExpressions") or []:
-            if expr.get("key") == ann.PRODUCT_LABEL and expr.get("operator") == "In":
-                return frozenset(str(v) for v in expr.get("values") or [])
-    return None
-
-
-def _owner(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
-    refs = meta.get("ownerReferences") or []
-    if refs:
-        return f"{meta.get('namespace', 'default')}/{refs[0].get('kind')}/{refs[0].get('name')}"
-    return ""
-
-
-def load_kube_cluster(paths: Sequence[str | os.PathLike[str]]) -> KubeCluster:
-    """Nodes and pods from one or more v1 List files (nodes and pods may be in the same file)."""
+    Nodes and pods are read by the core's projections (:mod:`gpuslice.nodes`, :mod:`gpuslice.pods`),
+    the same code the extender runs on watch events; ``config`` supplies prices, the isolation
+    default and the owner-spread rule."""
     nodes: list[tuple[NodeSpec, NodeInventory]] = []
-    pods: list[tuple[str, Mapping[str, Any], str]] = []
+    pods: list[tuple[str, PodInfo, str]] = []
     seen: set[str] = set()
+    isolation = config.isolation_default if config is not None else "any"
     for path in paths:
         try:
-            items = parse_list_text(Path(path).read_text())
+            items = parse_list_text(Path(path).read_bytes().decode("utf-8"))
         except OSError as err:
             raise KubeFileError(path, f"cannot read: {err.strerror}") from None
+        except UnicodeDecodeError as err:
+            raise KubeFileError(path, f"not UTF-8 text (byte {err.start})") from None
         except GpuSliceError as err:
             raise KubeFileError(path, str(err)) from None
-        for item in items:
+        for n, item in enumerate(items):
             try:
                 if item.get("kind") == "Node":
-                    name = node_name(item)
-                    if name in seen:
+                    info = project_node(item, config=config)
+                    if info.name in seen:
                         continue
-                    inventory = node_inventory(item)
-                    if inventory is None:
+                    if info.error:
+                        raise GpuSliceError(info.error)
+                    if info.inventory is None:
                         continue  # not a slice node: nothing to place there
-                    seen.add(name)
-                    nodes.append((_node_spec(item, inventory), inventory.with_used(())))
+                    seen.add(info.name)
+                    nodes.append((info.spec, info.inventory.with_used(())))
                 elif item.get("kind") == "Pod":
-                    meta = item.get("metadata") or {}
-                    pods.append((str(meta.get("creationTimestamp", "")), item, str(path)))
+                    pod = project(item, isolation_default=isolation) if _has_uid(item) else project(
+                        _with_uid(item, f"pod-{len(pods)}"), isolation_default=isolation)
+                    if pod.error:
+                        raise GpuSliceError(pod.error)
+                    pods.append((pod.created, pod, str(path)))
             except GpuSliceError as err:
-                raise KubeFileError(path, str(err)) from None
+                raise KubeFileError(path, f"item {n}: {err}") from None
     if not nodes:
         raise KubeFileError(paths[0], "no Node with an example.com/gpu-slice.inventory annotation")
     sizes = {g.slices for _, inv in nodes for g in inv.gpus if g.mode != "mig"}
     if len(sizes) > 1:
         raise KubeFileError(paths[0], f"GPUs advertise different S ({sorted(sizes)}); S is cluster-wide")
     s = sizes.pop() if sizes else 7
+    spread = config.owner_spread if config is not None else True
     requests: list[PackRequest] = []
-    for n, (_, pod, path) in enumerate(sorted(pods, key=lambda t: t[0])):
-        meta = pod.get("metadata") or {}
-        where = f"pod {meta.get('namespace', 'default')}/{meta.get('name', '?')}"
+    for _, pod, path in sorted(pods, key=lambda t: t[0]):
         try:
-            slice_request = parse_request(pod)
-            cpu, mem = _pod_cpu_memory(pod, where)
-            requests.append(pack_request(slice_request, slices_per_gpu=s, cpu_milli=cpu, memory_mib=mem,
-                                         products=_products(pod), owner=_owner(pod),
-                                         uid=str(meta.get("uid") or f"pod-{n}")))
+            requests.append(pod.pack(s, owner_spread=spread))
         except GpuSliceError as err:
-            raise KubeFileError(path, f"{where}: {err}") from None
-    return KubeCluster(tuple(nodes), s, tuple(requests))
+            raise KubeFileError(path, f"pod {pod.label}: {err}") from None
+    return KubeCluster(tuple(nodes), s, tuple(requests),
+                       config.memory_tolerance if config is not None else DEFAULT_MEMORY_TOLERANCE)
+
+
+def _has_uid(item: Mapping[str, Any]) -> bool:
+    meta = item.get("metadata")
+    return isinstance(meta, Mapping) and isinstance(meta.get("uid"), str) and bool(meta.get("uid"))
+
+
+def _with_uid(item: Mapping[str, Any], uid: str) -> Mapping[str, Any]:
+    """A listed pod without a UID (hand-written files) gets a stand-in one, so it can be replayed."""
+    meta = item.get("metadata")
+    meta = dict(meta) if isinstance(meta, Mapping) else {}
+    meta["uid"] = uid
+    return {**item, "metadata": meta}
 
 
 def inflate_requests(requests: Sequence[PackRequest], capacity_slices: int, seed: int,

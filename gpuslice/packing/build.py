@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from gpuslice.errors import RequestError
 from gpuslice.model import NodeInventory
 from gpuslice.packing.state import KIND_MIG, KIND_MPS, KIND_WHOLE, ClusterState, NodeSpec, PackRequest, UnitSpec
 from gpuslice.requests import SliceRequest
+from gpuslice.rules import DEFAULT_MEMORY_TOLERANCE, gpus_for
 
 _KIND = {"mps": KIND_MPS, "whole": KIND_WHOLE, "mig": KIND_MIG}
 
@@ -40,13 +40,14 @@ def units_of(node_index: int, inventory: NodeInventory) -> list[UnitSpec]:
 
 
 def state_from_inventories(nodes: Sequence[tuple[NodeSpec, NodeInventory]], *, slices_per_gpu: int,
-                           allow_mps_multi: bool = False) -> ClusterState:
+                           allow_mps_multi: bool = False,
+                           memory_tolerance: float = DEFAULT_MEMORY_TOLERANCE) -> ClusterState:
     """The packing state of a cluster given each node's spec and slice inventory."""
     units: list[UnitSpec] = []
     for v, (_, inventory) in enumerate(nodes):
         units.extend(units_of(v, inventory))
     return ClusterState([spec for spec, _ in nodes], units, slices_per_gpu=slices_per_gpu,
-                        allow_mps_multi=allow_mps_multi)
+                        allow_mps_multi=allow_mps_multi, memory_tolerance=memory_tolerance)
 
 
 def pack_request(request: SliceRequest | None, *, slices_per_gpu: int, cpu_milli: int = 0, memory_mib: int = 0,
@@ -57,10 +58,7 @@ def pack_request(request: SliceRequest | None, *, slices_per_gpu: int, cpu_milli
     """
     if request is None:
         return PackRequest(cpu_milli=cpu_milli, memory_mib=memory_mib, products=products, owner=owner, uid=uid)
-    k, s = request.slices, slices_per_gpu
-    if k > s and k % s:
-        raise RequestError(f"{k} slices is neither at most S={s} nor a whole number of GPUs")
-    gpus, per = (1, k) if k <= s else (k // s, s)
+    gpus, per = gpus_for(request.slices, slices_per_gpu)
     floor = 0 if request.memory_mib is None else math.ceil(request.memory_mib / gpus)
     return PackRequest(cpu_milli=cpu_milli, memory_mib=memory_mib, gpus=gpus, slices=per, gpu_memory_mib=floor,
                        products=products, isolation=request.isolation, owner=owner, uid=uid)

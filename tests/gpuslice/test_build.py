@@ -46,7 +46,7 @@ def test_pack_request_shapes() -> None:
     multi = pack_request(SliceRequest(14, Fraction(150 * 1024)), slices_per_gpu=7)
     assert (multi.gpus, multi.slices, multi.gpu_memory_mib) == (2, 7, 75 * 1024)
     assert pack_request(None, slices_per_gpu=7, cpu_milli=500).gpus == 0
-    with pytest.raises(RequestError, match="9 slices is neither at most S=7 nor a whole number of GPUs"):
+    with pytest.raises(RequestError, match="9 slices is neither at most S=7 \\(one GPU\\) nor a whole number of GPUs"):
         pack_request(SliceRequest(9), slices_per_gpu=7)
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from gpuslice_cli.main import main as gpu_slice
 from simulator.kubefile import KubeFileError, load_kube_cluster, looks_like_kube_list
@@ -42,10 +45,39 @@ def test_refusals_name_the_file_and_object(tmp_path: Path) -> None:
     broken = tmp_path / "broken.yaml"
     limit = "          example.com/gpu-slice: '"
     broken.write_text(_fake(tmp_path).read_text().replace(limit, limit + "-", 1))
-    with pytest.raises(KubeFileError, match=r"broken.yaml: pod default/\S+: .*must not be negative"):
+    with pytest.raises(KubeFileError, match=r"broken.yaml: item \d+: pod default/\S+: .*must not be negative"):
         load_kube_cluster([broken])
     with pytest.raises(KubeFileError, match=r"missing\.yaml: cannot read"):
         load_kube_cluster([tmp_path / "missing.yaml"])
+
+
+def _hostile(tmp_path: Path, kind: str, mutate: Callable[[dict[str, Any]], None]) -> Path:
+    doc = yaml.safe_load(_fake(tmp_path).read_text())
+    item = next(i for i in doc["items"] if i["kind"] == kind)
+    mutate(item)
+    out = tmp_path / "hostile.json"
+    out.write_text(json.dumps(doc))
+    return out
+
+
+@pytest.mark.parametrize(("kind", "mutate", "says"), [
+    ("Node", lambda n: n.__setitem__("status", "Ready"), r"node \S+: status must be an object"),
+    ("Node", lambda n: n["metadata"].__setitem__("labels", ["a", "b"]),
+     r"node \S+: metadata\.labels must be an object"),
+    ("Pod", lambda p: p["metadata"].__setitem__("ownerReferences", "rs"), r"metadata\.ownerReferences must be a list"),
+    ("Pod", lambda p: p["spec"].__setitem__("priority", "high"), r"spec\.priority must be an integer"),
+])
+def test_hostile_objects_are_refused_by_name(tmp_path: Path, kind: str, mutate: Callable[[dict[str, Any]], None],
+                                             says: str) -> None:
+    with pytest.raises(KubeFileError, match=rf"hostile\.json: item \d+: .*{says}"):
+        load_kube_cluster([_hostile(tmp_path, kind, mutate)])
+
+
+def test_non_utf8_file_is_refused_by_name(tmp_path: Path) -> None:
+    binary = tmp_path / "latin1.yaml"
+    binary.write_bytes(_fake(tmp_path).read_bytes() + b"\n# caf\xe9\n")
+    with pytest.raises(KubeFileError, match=r"latin1\.yaml: not UTF-8 text"):
+        load_kube_cluster([binary])
 
 
 def test_simulate_replays_a_v1_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
