@@ -38,6 +38,9 @@ Kind = Literal["Node", "Pod"]
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 KINDS: tuple[Kind, ...] = ("Node", "Pod")
 
+#: ``on_relist_metric`` reasons and ``on_error_metric`` codes: short, fixed sets for metric labels.
+RELIST_REASONS = ("initial", "gone", "requested")
+ERROR_CODES = ("transport", "http_4xx", "http_5xx", "watch_error", "decode", "handler")
 #: Finished pods hold no slices; leaving them out saves memory in clusters with many Jobs.
 DEFAULT_POD_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 
