@@ -41,7 +41,9 @@ of its fresh samples (LLM decoding is bandwidth-bound); for a whole GPU without 
 of :func:`gpuslice.nodes.node_price`, the same the core uses: the node's ``example.com/hourly-cost``
 annotation, the config's price table by instance type (``node.kubernetes.io/instance-type``) and
 capacity type (``karpenter.sh/capacity-type`` and the EKS, GKE, AKS equivalents), the config's
-$/GPU-hour by product. Nodes are fed in from the informer (``observe_node``/``replace_nodes``).
+$/GPU-hour by product; a price of 0 means unknown there, and None here. Nodes are fed in from the
+informer (``observe_node``/``forget_node``/``replace_nodes``). The core also takes the live figure
+alone (``live_node_cost``) and applies the same fallbacks itself.
 
 Failure is never the caller's problem: Prometheus unreachable, slow, or answering nonsense is a
 rate-limited warning, a counted error (``on_query_error(kind, reason)``) and the previous data kept
