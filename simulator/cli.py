@@ -68,13 +68,13 @@ def parse_seeds(text: str) -> list[int]:
 DEFAULTS: dict[str, object] = {"inflate": 1.3, "slices": MILLI, "mode": "protocol", "narrow_margin": 0.0,
                                "narrow_max_nodes": 1, "extender_weight": 1, "kube_scorer": "none"}
 
-#: Flags the built-in LLM day does not read, and why.
+#: Flags the built-in LLM day does not read, and why (it reads --narrow-margin: scores within it of
+#: the best count as tied and go to the node first in the extender's order).
 BUILTIN_IGNORES: dict[str, str] = {
     "inflate": "its pods are generated, with arrivals and departures; there is no trace to scale",
     "slices": "its nodes have their own MIG layouts and MPS slice counts",
     "mode": "it always runs the extender's narrowed filter with reservations",
     "narrow_max_nodes": "its narrowed filter passes one node on, as the extender does by default",
-    "narrow_margin": "its narrowed filter passes one node on, so a margin changes nothing",
     "extender_weight": "kube-scheduler has nothing to weigh there: the narrowed filter passes one node",
     "kube_scorer": "kube-scheduler has nothing to score there: the narrowed filter passes one node",
 }
@@ -88,10 +88,10 @@ MODE_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 EPILOG = f"""\
-Without --nodes/--pods/--traces it runs the built-in LLM-serving day; --inflate, --slices, --mode and
-the narrowing and kube-scheduler flags are for traces and are refused there. An openb CSV pod list
-needs its node list (--nodes, or --trace-dir holding {NODE_FILE}); a v1 List
-(.yaml/.json) carries its own nodes.
+Without --nodes/--pods/--traces it runs the built-in LLM-serving day; --inflate, --slices,
+--mode, --narrow-max-nodes and the kube-scheduler flags are for traces and are refused there. An
+openb CSV pod list needs its node list (--nodes, or --trace-dir holding {NODE_FILE});
+a v1 List (.yaml/.json) carries its own nodes.
 
 {BUILTIN_LEGEND}
 
@@ -133,6 +133,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "config's default mix (built-in scenario: that mix against every baseline); "
                              "e.g. fragmentation,fgd,bestfit")
     parser.add_argument("--seeds", type=parse_seeds, default=[42], help="e.g. 42-51 (default 42)")
+    parser.add_argument("--narrow-margin", type=float, default=None,
+                        help="narrowed filter: scores within this margin of the best count as tied and go in "
+                             "the extender's node order (--mode protocol, and the built-in day; default 0)")
     t = parser.add_argument_group("trace replay only (refused for the built-in day)")
     t.add_argument("--inflate", type=parse_inflate, default=None,
                    help="scale the trace to this ratio of GPU capacity, the FGD artifact's tune ratio "
@@ -142,9 +145,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--mode", default=None, choices=[*MODES, "all"],
                    help="protocol (narrowed filter + 0..10 prioritize; the default), wide (no narrowing), "
                         "ideal, paper, all")
-    t.add_argument("--narrow-margin", type=float, default=None,
-                   help="narrowed filter: nodes within this score margin of the best may be passed on "
-                        "(protocol; needs --narrow-max-nodes > 1)")
     t.add_argument("--narrow-max-nodes", type=int, default=None,
                    help="narrowed filter: nodes passed on (protocol; default 1)")
     t.add_argument("--extender-weight", type=int, default=None,
@@ -248,6 +248,7 @@ def _applicability(args: argparse.Namespace, source: Source) -> None:
     """Refuse, naming it, a flag the chosen workload or mode would ignore."""
     given = [d for d in DEFAULTS if getattr(args, d, None) is not None]
     if source == "builtin":
+        given = [d for d in given if d in BUILTIN_IGNORES]
         if given:
             raise SimulateError(f"{_flag(given[0])} does not apply to the built-in LLM day: "
                                 f"{BUILTIN_IGNORES[given[0]]} (it is for --nodes/--pods traces)")
@@ -261,9 +262,6 @@ def _applicability(args: argparse.Namespace, source: Source) -> None:
             modes, why = MODE_ONLY[dest]
             if mode not in modes:
                 raise SimulateError(f"{_flag(dest)} does not apply to --mode {mode}: {why}")
-    if "narrow_margin" in given and (args.narrow_max_nodes or DEFAULTS["narrow_max_nodes"]) == 1:
-        raise SimulateError("--narrow-margin has no effect with --narrow-max-nodes 1: the best node alone is "
-                            "passed on whatever the margin; add --narrow-max-nodes N with N > 1")
 
 
 def _plot_formats() -> set[str]:

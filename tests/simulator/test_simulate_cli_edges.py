@@ -123,7 +123,6 @@ def test_a_v1_list_carries_its_own_nodes(kube_list: Path, capsys: pytest.Capture
     (["--slices", "10"], "--slices"),
     (["--mode", "wide"], "--mode"),
     (["--narrow-max-nodes", "2"], "--narrow-max-nodes"),
-    (["--narrow-margin", "0.1"], "--narrow-margin"),
     (["--extender-weight", "2"], "--extender-weight"),
     (["--kube-scorer", "least-allocated"], "--kube-scorer"),
 ])
@@ -146,21 +145,14 @@ def test_flags_a_mode_ignores_are_refused(argv: list[str], flag: str, csvs: tupl
     assert line.startswith(f"gpu-slice simulate: {flag} does not apply to --mode {argv[1]}")
 
 
-def test_a_margin_needs_more_than_one_node_passed_on(csvs: tuple[Path, Path],
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    nodes, pods = csvs
-    line = refused(["--nodes", str(nodes), "--pods", str(pods), "--narrow-margin", "0.1"], capsys)
-    assert line.startswith("gpu-slice simulate: --narrow-margin has no effect with --narrow-max-nodes 1")
-
-
 def test_flags_a_mode_uses_are_accepted(csvs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     nodes, pods = csvs
     base = ["--nodes", str(nodes), "--pods", str(pods), "--policy", "bestfit"]
     assert gpu_slice(["simulate", *base, "--mode", "wide", "--extender-weight", "2", "--kube-scorer",
                       "least-allocated"]) == 0
-    assert gpu_slice(["simulate", *base, "--mode", "all", "--narrow-margin", "0.1", "--narrow-max-nodes", "2",
-                      "--slices", "100"]) == 0
+    assert gpu_slice(["simulate", *base, "--mode", "all", "--narrow-margin", "0.1", "--slices", "100"]) == 0
     assert gpu_slice(["simulate", *base, "--mode", "protocol", "--narrow-max-nodes", "2"]) == 0
+    assert gpu_slice(["simulate", "--policy", "bestfit", "--narrow-margin", "0.05"]) == 0  # the built-in day
 
 
 def test_v1_lists_refuse_slices_and_trace_names(kube_list: Path, capsys: pytest.CaptureFixture[str]) -> None:
