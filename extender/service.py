@@ -1,0 +1,270 @@
+"""The extender's state and verbs: a thin layer over the core's decision API.
+
+:class:`Extender` owns one :class:`gpuslice.view.ClusterView` fed by the informer (or a static
+v1 List), one :class:`gpuslice.scheduler.Scheduler` configured from the config file, and the
+binder. Each verb takes the wire form (:mod:`extender.wire`), asks the core, and answers in the wire
+form; nothing here decides fit, reasons or scores. A lock serialises decisions with watch events
+(kube-scheduler asks one pod at a time; events are applied between its questions).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from extender import wire
+from extender.binder import Binder, MemoryBinder, unclear
+from extender.errors import KubeApiError
+from extender.lease import Fence
+from extender.metrics import ExtenderMetrics
+from extender.signals import SignalSnapshot
+from gpuslice import annotations as ann
+from gpuslice.config import Config
+from gpuslice.errors import GpuSliceError
+from gpuslice.policies.utilization import UtilizationMemory
+from gpuslice.scheduler import Scheduler, pods_as_requests
+from gpuslice.view import ClusterView
+
+log = logging.getLogger("gpu_slice.extender")
+
+Obj = dict[str, Any]
+
+
+def reason_code(text: str) -> str:
+    """A short, bounded label for a refusal reason (metrics must not carry free text)."""
+    for prefix, code in (("slices in use", "slices_busy"), ("fits, but", "narrowed"), ("node is not known", "unknown"),
+                         ("insufficient cpu", "cpu"), ("insufficient memory", "memory"),
+                         ("every fitting GPU already runs", "owner_spread"), ("the GPUs that could", "cordoned"),
+                         ("GPU product", "product"), ("a ", "multi_gpu"), ("pod asks", "isolation"),
+                         ("no GPU here can take", "size"), ("no GPU or MIG instance", "gpu_memory"),
+                         ("node has", "node_capacity"), ("node ", "node")):
+        if text.startswith(prefix):
+            return code
+    return "other"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a verb answered, for the HTTP layer: the JSON body and the HTTP status."""
+
+    body: Obj | list[Obj]
+    status: int = 200
+
+
+class Extender:
+    """See the module docstring. ``clock`` is seconds since the epoch."""
+
+    def __init__(self, config: Config, binder: Binder, *, fence: Fence | None = None,
+                 metrics: ExtenderMetrics | None = None, clock: Callable[[], float] = time.time,
+                 lease_name: str = "kube-system/gpu-slice-scheduler") -> None:
+        self.config = config
+        self.binder = binder
+        self.fence = fence or Fence.disabled()
+        self.metrics = metrics or ExtenderMetrics()
+        self.clock = clock
+        self.lease_name = lease_name
+        self.lock = threading.RLock()
+        self.view = ClusterView(config=config)
+        self.sched = Scheduler.from_config(self.view, config)
+        self.synced: set[str] = set()
+        self.warmed = False
+        self._binding: dict[str, threading.Lock] = {}
+        self.policy_label = re.sub(r"[^a-z0-9_]+", "_", self.sched.policy.name.lower()).strip("_")[:40] or "policy"
+
+    # ----- the informer's handler -------------------------------------------------------------
+    def on_event(self, kind: str, type: str, obj: Obj) -> None:
+        with self.lock:
+            try:
+                if kind == "Node":
+                    if type == "DELETED":
+                        meta = obj.get("metadata") or {}
+                        self.view.remove_node(str(meta.get("name") or ""))
+                    else:
+                        self.view.upsert_node(obj)
+                elif kind == "Pod":
+                    if type == "DELETED":
+                        uid = (obj.get("metadata") or {}).get("uid")
+                        if isinstance(uid, str):
+                            self.view.remove_pod(uid)
+                    else:
+                        self.view.upsert_pod(obj, self.clock())
+            except GpuSliceError as err:
+                log.warning("ignoring %s event: %s", kind, err)
+
+    def on_relist(self, kind: str, objs: list[Obj]) -> None:
+        with self.lock:
+            if kind == "Node":
+                self.view.replace_nodes(objs)
+            else:
+                self.view.replace_pods(objs, self.clock())
+            self.synced.add(kind)
+            self._warm()
+
+    def load(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A static cluster (``--cluster FILE``): the listed nodes and pods, then ready."""
+        nodes = [i for i in items if i.get("kind") == "Node"]
+        pods = [i for i in items if i.get("kind") == "Pod"]
+        self.on_relist("Node", [dict(n) for n in nodes])
+        self.on_relist("Pod", [dict(p) for p in pods])
+
+    def _warm(self) -> None:
+        """Once both kinds have synced: the default policy learns from the pods already placed."""
+        if self.warmed or self.synced != {"Node", "Pod"}:
+            return
+        n = self.sched.warm_start(pods_as_requests(self.view, owner_spread=self.sched.owner_spread))
+        self.warmed = True
+        log.info("synced: %d nodes, %d pods; policies warm-started from %d placed pods", len(self.view.nodes),
+                 len(self.view.pods), n)
+
+    @property
+    def ready(self) -> bool:
+        return self.synced == {"Node", "Pod"}
+
+    # ----- signals --------------------------------------------------------------------------------
+    def apply_signals(self, snap: SignalSnapshot) -> None:
+        """Live node prices into the state, DCGM activity into the utilization policy's memory."""
+        with self.lock:
+            st = self.view.state
+            now = self.clock()
+            for name, node in self.view.nodes.items():
+                if node.row < 0:
+                    continue
+                cost = snap.live_node_cost(name, now=now)
+                st.node_cost[node.row] = cost if cost is not None else node.info.spec.cost_per_hour
+            mems = self.sched.memory if isinstance(self.sched.memory, tuple) else (self.sched.memory,)
+            util = [m for m in mems if isinstance(m, UtilizationMemory)]
+            if not util:
+                return
+            rows: list[int] = []
+            values: list[float] = []
+            for name, node in self.view.nodes.items():
+                for key, row in node.keys.items():
+                    gpu = st.unit_gpu[row]
+                    inst = key if key != gpu else None
+                    got = snap.activity(name, gpu, inst, now=now)
+                    if got is not None:
+                        rows.append(row)
+                        values.append(float(got[0]))
+            for m in util:
+                m.now = now
+                if rows:
+                    m.update(np.array(rows, dtype=np.int64), np.array(values), now, st.n_units)
+
+    # ----- verbs ------------------------------------------------------------------------------------
+    def filter(self, args: wire.ExtenderArgs) -> wire.FilterResult:
+        if not self.ready:
+            return wire.filter_error(args, "gpu-slice extender has not synced with the API server yet")
+        if isinstance(self.binder, MemoryBinder):
+            self.binder.learn(args.pod)
+        with self.lock:
+            res = self.sched.filter(args.pod, args.candidates, self.clock())
+            self.metrics.set_reservations(len(self.view.reservations))
+        if res.error:
+            self.metrics.decision(self.policy_label, "unschedulable")
+            return wire.filter_error(args, res.error)
+        self.metrics.decision(self.policy_label, "placed" if res.feasible else "unschedulable")
+        codes: dict[str, int] = {}
+        for text in (*res.failed.values(), *res.unresolvable.values()):
+            code = reason_code(text)
+            codes[code] = codes.get(code, 0) + 1
+        self.metrics.rejections(codes)
+        return wire.filter_result(args, res.feasible, failed=res.failed, failed_unresolvable=res.unresolvable)
+
+    def prioritize(self, args: wire.ExtenderArgs) -> list[Obj]:
+        if not self.ready:
+            return wire.host_priority_list({n: 0 for n in args.candidates})
+        with self.lock:
+            scores = self.sched.prioritize(args.pod, args.candidates, self.clock())
+        return wire.host_priority_list([wire.HostPriority(n, s) for n, s in scores])
+
+    def preempt(self, args: wire.ExtenderPreemptionArgs) -> wire.PreemptionResult:
+        with self.lock:
+            found = self.sched.preempt(args.pod, list(args.victims), self.clock())
+        return wire.PreemptionResult({n: wire.Victims(tuple(uids)) for n, uids in found.items()})
+
+    def bind(self, args: wire.ExtenderBindingArgs) -> wire.BindingResult:
+        """Fencing, the reserved placement, the same-size rule, assignment, then the Binding."""
+        lock = self._binding.setdefault(args.pod_uid, threading.Lock())
+        with lock:
+            try:
+                return self._bind(args)
+            finally:
+                self._binding.pop(args.pod_uid, None)
+
+    def _bind(self, args: wire.ExtenderBindingArgs) -> wire.BindingResult:
+        ns, name, uid, node = args.pod_namespace, args.pod_name, args.pod_uid, args.node
+        try:
+            held = self.fence.check()
+        except KubeApiError as err:
+            return wire.BindingResult(f"cannot read the scheduler's lease {self.lease_name}: {err}")
+        try:
+            pod = self.binder.read_pod(ns, name)
+            if pod is None:
+                return wire.BindingResult(f"pod {ns}/{name} no longer exists")
+            if (pod.get("metadata") or {}).get("uid") != uid:
+                return wire.BindingResult(f"pod {ns}/{name} was replaced (UID {uid} is gone)")
+            bound_to = (pod.get("spec") or {}).get("nodeName")
+            if bound_to:
+                if bound_to == node:  # the same pod bound twice: answered once
+                    with self.lock:
+                        self.view.upsert_pod(pod, self.clock())
+                    return wire.BindingResult()
+                return wire.BindingResult(f"pod {ns}/{name} is already bound to {bound_to}")
+            node_pods = self.binder.node_pods(node)
+        except KubeApiError as err:
+            return wire.BindingResult(f"bind {ns}/{name}: {err}")
+        with self.lock:
+            now = self.clock()
+            for p in node_pods:
+                try:
+                    self.view.upsert_pod(p, now)
+                except GpuSliceError:
+                    continue
+            plan = self.sched.bind_check(pod, node, now, lease_held=held, lease=self.lease_name)
+        if plan.refusal:
+            return wire.BindingResult(plan.refusal)
+        assert plan.assignment is not None
+        value = ann.encode_assignment(plan.assignment)
+        updated: Obj = pod
+        try:
+            if not plan.already:
+                updated = self.binder.write_assignment(ns, name, uid, value)
+                with self.lock:
+                    self.view.upsert_pod(updated, self.clock())
+            self.binder.bind(ns, name, uid, node)
+        except KubeApiError as err:
+            return self._after_failed_write(ns, name, uid, node, err)
+        # Count the pod as bound now; the watch confirms it (and is the only source in a live cluster).
+        bound = {**updated, "spec": {**(updated.get("spec") or {}), "nodeName": node}}
+        with self.lock:
+            self.view.upsert_pod(bound, self.clock())
+        return wire.BindingResult()
+
+    def _after_failed_write(self, ns: str, name: str, uid: str, node: str, err: KubeApiError) -> wire.BindingResult:
+        """An unclear error: bound means success; otherwise take the assignment back and release."""
+        if unclear(err):
+            try:
+                pod = self.binder.read_pod(ns, name)
+            except KubeApiError:
+                pod = None
+            if pod is not None and (pod.get("spec") or {}).get("nodeName") == node:
+                with self.lock:
+                    self.view.upsert_pod(pod, self.clock())
+                return wire.BindingResult()
+        try:
+            undone = self.binder.write_assignment(ns, name, uid, None)
+            with self.lock:
+                self.view.upsert_pod(undone, self.clock())
+        except KubeApiError as undo:
+            log.warning("could not take back the assignment of %s/%s: %s", ns, name, undo)
+        with self.lock:
+            self.view.release(uid)
+        return wire.BindingResult(f"bind {ns}/{name} to {node}: {err}")
+
