@@ -119,7 +119,7 @@ def _api_client(kubeconfig: str | None) -> Any:
 
     try:
         if kubeconfig:
-            return config.new_client_from_config(config_file=kubeconfig)
+            return config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
         config.load_incluster_config()  # type: ignore[no-untyped-call]
         return client.ApiClient()
     except config.ConfigException as err:
