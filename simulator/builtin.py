@@ -29,6 +29,7 @@ from typing import Any, TextIO
 from gpuslice.config import default_policy_spec
 from gpuslice.errors import GpuSliceError
 from gpuslice.policies.registry import resolve
+from gpuslice.reservations import DEFAULT_TTL_S
 from simulator.llm.cluster import Cluster, build_cluster
 from simulator.llm.engine import Result, replay
 from simulator.llm.workload import Workload, generate
@@ -65,14 +66,15 @@ def label(policy: str) -> str:
 
 
 def run_all(policies: Sequence[str], seeds: Sequence[int], *, cluster: Cluster | None = None,
-            margin: float = 0.0, workloads: dict[int, Workload] | None = None) -> list[Result]:
+            margin: float = 0.0, workloads: dict[int, Workload] | None = None,
+            reservation_ttl_s: float = DEFAULT_TTL_S) -> list[Result]:
     """Every policy on every seed; each seed's workload is generated once and shared."""
     cluster = cluster or build_cluster()
     results: list[Result] = []
     for seed in seeds:
         workload = (workloads or {}).get(seed) or generate(seed)
         for policy in policies:
-            results.append(replay(cluster, workload, policy, margin=margin))
+            results.append(replay(cluster, workload, policy, margin=margin, reservation_ttl_s=reservation_ttl_s))
     return results
 
 
@@ -207,11 +209,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     policies = policies_from(getattr(args, "policy", None))
     seeds = list(getattr(args, "seeds", None) or [42])
     margin = float(getattr(args, "narrow_margin", 0.0) or 0.0)
+    config = getattr(args, "config_obj", None)
+    ttl = config.reservation_ttl_seconds if config is not None else DEFAULT_TTL_S
     started = time.perf_counter()
     try:
         for policy in policies:  # unknown names and bad weights before the first run, not after some
             resolve(policy)
-        results = run_all(policies, seeds, margin=margin)
+        results = run_all(policies, seeds, margin=margin, reservation_ttl_s=ttl)
     except GpuSliceError as err:
         print(f"gpu-slice simulate: {err}", file=sys.stderr)
         return 2

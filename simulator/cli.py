@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from gpuslice.config import default_policy_spec
+from gpuslice.config import Config, default_policy_spec, load_config_text
 from gpuslice.decision import NarrowConfig
-from gpuslice.errors import GpuSliceError
+from gpuslice.errors import ConfigError, GpuSliceError
 from gpuslice.policies.registry import resolve
 from simulator.engine import MODES, EngineOptions, RunResult, replay, simulate
 from simulator.inflate import has_gpu_demand, inflate
@@ -152,6 +152,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--kube-scorer", choices=["none", "least-allocated"], default=None,
                    help="kube-scheduler's own scores (protocol, wide; default none: the profile disables "
                         "the spreading scorers)")
+    parser.add_argument("--config", type=Path, default=None,
+                        help="the services' versioned config file (YAML): its policies (when --policy is not "
+                             "given), narrowing margin (when --narrow-margin is not given), memory tolerance, "
+                             "isolation default, owner-spread rule, reservation TTL and prices, so a replay "
+                             "decides as the extender configured with it would")
     parser.add_argument("--json", type=Path, help="write per-run figures to this JSON file ('-': standard output)")
     parser.add_argument("--plot", type=Path,
                         help="write a plot to this image file (.png, .pdf, .svg...): allocation against "
@@ -317,9 +322,10 @@ def _write_outputs(args: argparse.Namespace, summaries: list[Summary], meta: dic
         raise SimulateError(f"{flag}: cannot write: {err.strerror or err}") from None
 
 
-def _run_kube(args: argparse.Namespace, paths: list[Path], policies: list[str], narrow: NarrowConfig) -> int:
+def _run_kube(args: argparse.Namespace, paths: list[Path], policies: list[str], narrow: NarrowConfig,
+              config: Config | None = None) -> int:
     """Replay the pods of v1 List files on their nodes (emptied), S taken from the inventories."""
-    cluster = load_kube_cluster(paths)
+    cluster = load_kube_cluster(paths, config=config)
     if not cluster.requests:
         raise SimulateError(f"{paths[0]}: no Pod to replay")
     if cluster.gpus == 0:
@@ -364,9 +370,33 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
+def _load_config(args: argparse.Namespace) -> Config | None:
+    """``--config``: read and validated before anything runs; a bad field stops the run naming it."""
+    path: Path | None = getattr(args, "config", None)
+    if path is None:
+        return None
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as err:
+        raise SimulateError(f"--config {path}: cannot read: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise SimulateError(f"--config {path}: not UTF-8 text") from None
+    try:
+        config = load_config_text(text, simulator=True)
+    except ConfigError as err:
+        raise SimulateError(f"--config {path}: {err}") from None
+    if args.policy is None:
+        args.policy = "+".join(f"{name}:{weight:g}" for name, weight in config.policy_weights().items())
+    if args.narrow_margin is None and config.narrowing.margin:
+        args.narrow_margin = config.narrowing.margin
+    return config
+
+
 def _run(args: argparse.Namespace) -> int:
     source = _source(args)
     _applicability(args, source)
+    config = _load_config(args)
+    args.config_obj = config
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path is not None:
             _check_output(flag, path)
@@ -382,7 +412,7 @@ def _run(args: argparse.Namespace) -> int:
     narrow = NarrowConfig(args.narrow_margin, args.narrow_max_nodes)
     if source == "kube":
         given = [p for p in (args.nodes, *args.pods) if p is not None]
-        return _run_kube(args, list(dict.fromkeys(given)), policies, narrow)
+        return _run_kube(args, list(dict.fromkeys(given)), policies, narrow, config)
     nodes_path, traces = _trace_files(args)
     nodes = read_nodes(nodes_path)
     loaded = [(name, read_pods(path)) for name, path in traces]

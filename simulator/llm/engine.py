@@ -37,6 +37,7 @@ from gpuslice.packing.state import KIND_MPS, ClusterState, NodeSpec, PackRequest
 from gpuslice.policies import utilization as utilization_policy
 from gpuslice.reasons import explain
 from gpuslice.requests import SliceRequest
+from gpuslice.reservations import DEFAULT_TTL_S
 from gpuslice.scheduler import PackedCluster, Scheduler
 from simulator.llm.cluster import Cluster, S
 from simulator.llm.workload import Owner, Workload, diurnal
@@ -159,7 +160,7 @@ class Replay:
     """One policy over one workload. ``run()`` returns a :class:`Result`; the object is single-use."""
 
     def __init__(self, cluster: Cluster, workload: Workload, policy: str, *, margin: float = 0.0,
-                 bind_latency_s: float = 0.5, reservation_ttl_s: float = 60.0, scrape_s: float = 30.0,
+                 bind_latency_s: float = 0.5, reservation_ttl_s: float = DEFAULT_TTL_S, scrape_s: float = 30.0,
                  series_step_s: float = 900.0) -> None:
         self.cluster = cluster
         self.workload = workload
