@@ -25,6 +25,7 @@ from gpuslice.errors import GpuSliceError, InventoryError
 from gpuslice.kubelist import node_inventory
 from gpuslice.model import NodeInventory
 from gpuslice.packing.state import NodeSpec
+from gpuslice.pods import in_range
 from gpuslice.units import MIB, parse_quantity
 
 SPOT_VALUES = frozenset({"spot", "preemptible", "true"})
@@ -65,9 +66,11 @@ def node_price(node_labels: Mapping[str, Any], annotations: Mapping[str, Any], i
     """$/hour of a node from its annotation or the config's tables (see the module docstring)."""
     raw = annotations.get(ann.HOURLY_COST_KEY)
     if raw is not None:
+        if not isinstance(raw, str):  # annotation values are strings; float() of a huge int overflows
+            raise InventoryError(f"annotation {ann.HOURLY_COST_KEY} must be a string, got {type(raw).__name__}")
         try:
             cost = float(raw)
-        except (TypeError, ValueError):
+        except ValueError:
             raise InventoryError(f"annotation {ann.HOURLY_COST_KEY}={raw!r} is not a number") from None
         if not cost >= 0 or cost == float("inf"):
             raise InventoryError(f"annotation {ann.HOURLY_COST_KEY}={raw!r} must be a finite number >= 0")
@@ -97,8 +100,11 @@ def project_node(node: Mapping[str, Any], *, config: Config | None = None) -> No
         labels = _obj(meta.get("labels"), "metadata.labels")
         annotations = _obj(meta.get("annotations"), "metadata.annotations")
         alloc = _obj(_obj(node.get("status"), "status").get("allocatable"), "status.allocatable")
-        cpu = int(parse_quantity(alloc.get("cpu", 0), what="status.allocatable.cpu") * 1000)
-        mem = int(parse_quantity(alloc.get("memory", 0), what="status.allocatable.memory") / MIB)
+        cpu_raw, mem_raw = alloc.get("cpu", 0), alloc.get("memory", 0)
+        cpu = in_range(int(parse_quantity(cpu_raw, what="status.allocatable.cpu") * 1000), cpu_raw,
+                       "status.allocatable.cpu")
+        mem = in_range(int(parse_quantity(mem_raw, what="status.allocatable.memory") / MIB), mem_raw,
+                       "status.allocatable.memory")
         inventory = node_inventory(node)
         product = labels.get(ann.PRODUCT_LABEL) or (inventory.gpus[0].product if inventory and inventory.gpus
                                                      else "")

@@ -54,12 +54,24 @@ def _text(value: object, where: str) -> str:
     return value
 
 
+#: The largest CPU (millicores) or memory (MiB) one pod or node may state (about a billion cores, an
+#: exbibyte): far above any real machine, and low enough that sums over a cluster fit the state's int64.
+MAX_AMOUNT = 2**40
+
+
+def in_range(amount: int, value: object, what: str) -> int:
+    """``amount`` when it is in 0..MAX_AMOUNT, else ``RequestError`` naming ``what``."""
+    if not 0 <= amount <= MAX_AMOUNT:
+        raise RequestError(f"{what}: {str(value)[:40]!r} is out of range (0 to {MAX_AMOUNT})")
+    return amount
+
+
 def _milli(value: object, what: str) -> int:
-    return int(parse_quantity(value, what=what) * 1000)
+    return in_range(int(parse_quantity(value, what=what) * 1000), value, what)
 
 
 def _mib(value: object, what: str) -> int:
-    return int(parse_quantity(value, what=what) / MIB)
+    return in_range(int(parse_quantity(value, what=what) / MIB), value, what)
 
 
 def pod_label(pod: Mapping[str, Any]) -> str:
@@ -83,15 +95,16 @@ def pod_cpu_memory(pod: Mapping[str, Any]) -> tuple[int, int]:
 
     apps = [requests(c, f"spec.containers[{i}]") for i, c in enumerate(_list(spec.get("containers"),
                                                                                "spec.containers"))]
-    cpu, mem = sum(a[0] for a in apps), sum(a[1] for a in apps)
-    sidecar_cpu = sidecar_mem = 0
+    # max(apps + every sidecar, each init container + the sidecars started before it)
+    sidecar_cpu = sidecar_mem = init_cpu = init_mem = 0
     for i, c in enumerate(_list(spec.get("initContainers"), "spec.initContainers")):
         ic, im = requests(c, f"spec.initContainers[{i}]")
         if _obj(c, "init container").get("restartPolicy") == "Always":  # a sidecar runs beside the app
             sidecar_cpu, sidecar_mem = sidecar_cpu + ic, sidecar_mem + im
-            cpu, mem = cpu + ic, mem + im
         else:
-            cpu, mem = max(cpu, ic + sidecar_cpu), max(mem, im + sidecar_mem)
+            init_cpu, init_mem = max(init_cpu, ic + sidecar_cpu), max(init_mem, im + sidecar_mem)
+    cpu = max(sum(a[0] for a in apps) + sidecar_cpu, init_cpu)
+    mem = max(sum(a[1] for a in apps) + sidecar_mem, init_mem)
     overhead = _obj(spec.get("overhead"), "spec.overhead")
     cpu += _milli(overhead.get("cpu", 0), "spec.overhead.cpu")
     mem += _mib(overhead.get("memory", 0), "spec.overhead.memory")

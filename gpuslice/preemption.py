@@ -69,16 +69,18 @@ def victims_on(view: ClusterView, req: PackRequest, priority: int, name: str, no
 
     def unit_victims(row: int) -> set[str] | None:
         who = holders.get(row, {})
-        if any(uid not in lower for uid in who) and kind[row] != KIND_MPS:
+        shared = kind[row] == KIND_MPS and req.gpus == 1
+        if any(uid not in lower for uid in who) and not shared:
             return None
-        out: set[str] = set()
-        if kind[row] == KIND_MPS and req.gpus == 1:
-            need = req.slices - free_before[row]
+        # The owner-spread rule evicts these whatever else goes; the slices they free count first.
+        out: set[str] = set(same_owner.get(gpu_of[row], set()))
+        if shared:
+            need = req.slices - free_before[row] - sum(who.get(uid, 0) for uid in out)
             for uid, k in sorted(who.items(), key=lambda t: (-t[1], lower[t[0]].priority if t[0] in lower else 0,
                                                               t[0])):
                 if need <= 0:
                     break
-                if uid not in lower:
+                if uid not in lower or uid in out:
                     continue
                 out.add(uid)
                 need -= k
@@ -86,7 +88,7 @@ def victims_on(view: ClusterView, req: PackRequest, priority: int, name: str, no
                 return None
         else:
             out |= set(who)
-        return out | same_owner.get(gpu_of[row], set())
+        return out
 
     options: list[set[str]] = []
     if req.gpus <= 1:

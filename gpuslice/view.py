@@ -293,6 +293,7 @@ class ClusterView:
             except GpuSliceError:
                 continue
             self._index(info, now)
+            self._supersede(info)
         del old
         for name in self.nodes:
             self._recompute(name)
@@ -307,13 +308,22 @@ class ClusterView:
         if prev is not None:
             touched |= self._unindex(info.uid, prev)
         touched |= self._index(info, now)
-        if info.uid in self.reservations and (info.node or self.pods[info.uid].claim is not None):
-            r = self.reservations.pop(info.uid)
-            if r is not None:
-                self.reserved_on.get(r.node, set()).discard(r.uid)
-                touched.add(r.node)
+        dropped = self._supersede(info)
+        if dropped:
+            touched.add(dropped)
         for name in touched:
             self._recompute(name)
+
+    def _supersede(self, info: PodInfo) -> str:
+        """A pod bound or claiming slices supersedes its reservation: drop it (without recomputing)
+        and return the node it was on ("" when nothing was dropped)."""
+        if info.uid not in self.reservations or not (info.node or self.pods[info.uid].claim is not None):
+            return ""
+        r = self.reservations.pop(info.uid)
+        if r is None:
+            return ""
+        self.reserved_on.get(r.node, set()).discard(r.uid)
+        return r.node
 
     def _index(self, info: PodInfo, now: float) -> set[str]:
         claim, problem, concerns = claim_of(info.counted, now=_to_datetime(now), reservation_ttl=self._ttl)
