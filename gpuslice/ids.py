@@ -41,6 +41,14 @@ def encode(owner: str, n: int) -> str:
     return text
 
 
+def encode_all(owner: str, count: int) -> tuple[str, ...]:
+    """The ids ``owner::0`` .. ``owner::count-1``, checked once (inventories derive these often)."""
+    if count <= 0:
+        return ()
+    last = encode(owner, count - 1)  # validates the owner and the longest id
+    return (*(f"{owner}{SEPARATOR}{n}" for n in range(count - 1)), last)
+
+
 def decode(text: str) -> SliceId:
     """Split ``<uuid>::<n>``; raise ``DeviceIdError`` saying what is wrong."""
     if not isinstance(text, str):

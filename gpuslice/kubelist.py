@@ -17,7 +17,7 @@ import yaml
 from gpuslice import annotations as ann
 from gpuslice.counting import Holdings, PodProblem, apply_holdings, held_by_node
 from gpuslice.errors import AnnotationError, GpuSliceError
-from gpuslice.model import NodeInventory
+from gpuslice.model import Gpu, NodeInventory
 
 LIST_KINDS = {"List": None, "NodeList": "Node", "PodList": "Pod"}
 
@@ -102,14 +102,18 @@ def node_inventory(node: Mapping[str, Any]) -> NodeInventory | None:
     raw = annotations.get(ann.INVENTORY_KEY)
     if raw is None:
         return None
-    gpus = ann.decode_inventory(raw)
-    cordon = ann.parse_cordon(annotations.get(ann.CORDON_KEY))
+    return with_cordon(node_name(node), ann.decode_inventory(raw), annotations.get(ann.CORDON_KEY))
+
+
+def with_cordon(name: str, gpus: tuple[Gpu, ...], raw_cordon: object) -> NodeInventory:
+    """The inventory of decoded ``gpus`` with the node's cordon annotation applied (the one cordon rule)."""
+    cordon = ann.parse_cordon(raw_cordon)
     unknown = cordon - {g.uuid for g in gpus}
     if unknown:
         raise AnnotationError(f"{ann.CORDON_KEY} names GPUs not on this node: {', '.join(sorted(unknown))}")
     if cordon:
         gpus = tuple(replace(g, cordoned=True) if g.uuid in cordon else g for g in gpus)
-    return NodeInventory(node_name(node), gpus)
+    return NodeInventory(name, gpus)
 
 
 def load_cluster(items: Iterable[Mapping[str, Any]], *, now: datetime,

@@ -29,7 +29,7 @@ class MigInstance:
     memory_mib: int
 
     def slice_ids(self) -> tuple[str, ...]:
-        return tuple(ids.encode(self.uuid, n) for n in range(self.compute_slices))
+        return ids.encode_all(self.uuid, self.compute_slices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +72,7 @@ class Gpu:
         if self.mode == "mig":
             derived = tuple(sid for inst in self.instances for sid in inst.slice_ids())
         else:
-            derived = tuple(ids.encode(self.uuid, n) for n in range(self.slices))
+            derived = ids.encode_all(self.uuid, self.slices)
         object.__setattr__(self, "_ids", derived)
 
     @property

@@ -22,8 +22,8 @@ from typing import Any
 from gpuslice import annotations as ann
 from gpuslice.config import Config
 from gpuslice.errors import GpuSliceError, InventoryError
-from gpuslice.kubelist import node_inventory
-from gpuslice.model import NodeInventory
+from gpuslice.kubelist import with_cordon
+from gpuslice.model import Gpu, NodeInventory
 from gpuslice.packing.state import NodeSpec
 from gpuslice.pods import in_range
 from gpuslice.units import MIB, parse_quantity
@@ -41,6 +41,8 @@ class NodeInfo:
     spec: NodeSpec
     inventory: NodeInventory | None
     error: str = ""
+    raw_inventory: object = None  # the annotation as read, so an unchanged one is not decoded again
+    decoded: tuple[Gpu, ...] = ()  # its GPUs before the cordon annotation is applied
 
 
 def _obj(value: object, where: str) -> Mapping[str, Any]:
@@ -89,8 +91,12 @@ def node_price(node_labels: Mapping[str, Any], annotations: Mapping[str, Any], i
     return 0.0
 
 
-def project_node(node: Mapping[str, Any], *, config: Config | None = None) -> NodeInfo:
-    """The projection of a node mapping; never raises for a node that has a name."""
+def project_node(node: Mapping[str, Any], *, config: Config | None = None,
+                 previous: NodeInfo | None = None) -> NodeInfo:
+    """The projection of a node mapping; never raises for a node that has a name.
+
+    ``previous`` (this node's last projection) saves decoding an inventory annotation that has not
+    changed: most node updates are kubelet heartbeats."""
     meta = node.get("metadata") if isinstance(node, Mapping) else None
     name = meta.get("name") if isinstance(meta, Mapping) else None
     if not isinstance(name, str) or not name:
@@ -105,7 +111,15 @@ def project_node(node: Mapping[str, Any], *, config: Config | None = None) -> No
                        "status.allocatable.cpu")
         mem = in_range(int(parse_quantity(mem_raw, what="status.allocatable.memory") / MIB), mem_raw,
                        "status.allocatable.memory")
-        inventory = node_inventory(node)
+        raw_inv = annotations.get(ann.INVENTORY_KEY)
+        decoded: tuple[Gpu, ...] = ()
+        inventory: NodeInventory | None = None
+        if raw_inv is not None:
+            if previous is not None and previous.raw_inventory == raw_inv and previous.decoded:
+                decoded = previous.decoded
+            else:
+                decoded = ann.decode_inventory(raw_inv)
+            inventory = with_cordon(name, decoded, annotations.get(ann.CORDON_KEY))
         product = labels.get(ann.PRODUCT_LABEL) or (inventory.gpus[0].product if inventory and inventory.gpus
                                                      else "")
         if not isinstance(product, str):
@@ -113,4 +127,4 @@ def project_node(node: Mapping[str, Any], *, config: Config | None = None) -> No
         cost = node_price(labels, annotations, inventory, config)
     except GpuSliceError as err:
         return NodeInfo(name, NodeSpec(name, 0, 0), None, f"node {name}: {err}")
-    return NodeInfo(name, NodeSpec(name, cpu, mem, product, cost), inventory)
+    return NodeInfo(name, NodeSpec(name, cpu, mem, product, cost), inventory, "", raw_inv, decoded)

@@ -6,6 +6,7 @@ Parsing is exact (``Fraction``) so that ``0.5Gi`` is 512 MiB, not a float near i
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from fractions import Fraction
@@ -48,13 +49,31 @@ def parse_quantity(value: object, *, what: str) -> Fraction:
         return Fraction(str(value))
     if not isinstance(value, str):
         raise RequestError(f"{what}: expected a quantity such as '2' or '20Gi', got {type(value).__name__}")
+    if len(value) <= 64:  # the usual case: a few distinct strings ("4", "32Gi") over many pods
+        cached = _parse_text(value)
+        if isinstance(cached, Fraction):
+            return cached
+        raise RequestError(f"{what}: {_show(value)} {cached}")
+    result = _parse_uncached(value)
+    if isinstance(result, str):
+        raise RequestError(f"{what}: {_show(value)} {result}")
+    return result
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(value: str) -> Fraction | str:
+    """A quantity string's value, or why it is not one (Fractions are immutable: safe to share)."""
+    return _parse_uncached(value)
+
+
+def _parse_uncached(value: str) -> Fraction | str:
     text = value.strip()
     match = _QUANTITY.fullmatch(text)
     if match is None:
-        raise RequestError(f"{what}: {_show(value)} is not a Kubernetes quantity")
+        return "is not a Kubernetes quantity"
     sign, number, exponent, suffix = match.groups()
     if len(number) > MAX_DIGITS or (exponent is not None and abs(int(exponent[:MAX_DIGITS])) > MAX_EXPONENT):
-        raise RequestError(f"{what}: {_show(value)} is out of range for a Kubernetes quantity")
+        return "is out of range for a Kubernetes quantity"
     amount = Fraction(number)
     if exponent is not None:
         amount *= Fraction(10) ** int(exponent)

@@ -153,7 +153,10 @@ class ClusterView:
     # ----- node events ------------------------------------------------------------------------
     def upsert_node(self, node: Mapping[str, Any]) -> str:
         """A node was added or changed; returns its name."""
-        info = project_node(node, config=self.config)
+        meta = node.get("metadata") if isinstance(node, Mapping) else None
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        prev = self.nodes.get(name) if isinstance(name, str) else None
+        info = project_node(node, config=self.config, previous=prev.info if prev is not None else None)
         self._put_node(info)
         return info.name
 
@@ -206,10 +209,13 @@ class ClusterView:
             self.state.set_node_product(v, spec.product)
         self.state.node_cost[v] = spec.cost_per_hour
         assert info.inventory is not None and prev.inventory is not None
-        if _layout(info.inventory.gpus) != _layout(prev.inventory.gpus):
+        if info.decoded is prev.decoded and info.inventory.gpus == prev.inventory.gpus:
+            return  # a heartbeat or a label change: the GPUs are as they were
+        if info.decoded is not prev.decoded and _layout(info.inventory.gpus) != _layout(prev.inventory.gpus):
             self._drop_owners(old)
-            self.state.replace_units(v, self._units(info.inventory))
-            self._index_rows(old)
+            units = self._units(info.inventory)
+            self.state.replace_units(v, units)
+            self._index_rows(old, units)
             self._recompute(info.name)
             self._maybe_compact()
         else:
@@ -227,16 +233,18 @@ class ClusterView:
 
     def _add_rows(self, n: _Node) -> None:
         assert n.info.inventory is not None
-        n.row = self.state.add_node(n.info.spec, self._units(n.info.inventory))
-        self._index_rows(n)
+        units = self._units(n.info.inventory)
+        n.row = self.state.add_node(n.info.spec, units)
+        self._index_rows(n, units)
         self._recompute(n.info.name)
 
-    def _index_rows(self, n: _Node) -> None:
+    def _index_rows(self, n: _Node, units: list[UnitSpec] | None = None) -> None:
         assert n.info.inventory is not None
         rows = self.state.node_rows(n.row).tolist()
         keys: dict[str, int] = {}
         row_ids: dict[int, tuple[str, ...]] = {}
-        units = self._units(n.info.inventory)
+        if units is None:
+            units = self._units(n.info.inventory)
         gpus = {g.uuid: g for g in n.info.inventory.gpus}
         for unit, row in zip(units, rows, strict=True):
             key = unit.instance or unit.gpu
@@ -262,8 +270,9 @@ class ClusterView:
         for n in self.nodes.values():
             n.row, n.owners = -1, Counter()
             if n.info.inventory is not None and not n.info.error:
-                n.row = self.state.add_node(n.info.spec, self._units(n.info.inventory))
-                self._index_rows(n)
+                units = self._units(n.info.inventory)
+                n.row = self.state.add_node(n.info.spec, units)
+                self._index_rows(n, units)
         for name in self.nodes:
             self._recompute(name)
 
@@ -307,7 +316,7 @@ class ClusterView:
         prev = self.pods.get(info.uid)
         if prev is not None:
             touched |= self._unindex(info.uid, prev)
-        touched |= self._index(info, now)
+        touched |= self._index(info, now, prev)
         dropped = self._supersede(info)
         if dropped:
             touched.add(dropped)
@@ -325,8 +334,15 @@ class ClusterView:
         self.reserved_on.get(r.node, set()).discard(r.uid)
         return r.node
 
-    def _index(self, info: PodInfo, now: float) -> set[str]:
-        claim, problem, concerns = claim_of(info.counted, now=_to_datetime(now), reservation_ttl=self._ttl)
+    def _index(self, info: PodInfo, now: float, prev: _Pod | None = None) -> set[str]:
+        claim: Claim | None
+        problem: PodProblem | None
+        if (prev is not None and prev.claim is not None and prev.claim.bound and prev.problem is None
+                and prev.info.counted == info.counted):
+            # A status update of a bound pod: its claim does not depend on the time, keep it.
+            claim, problem, concerns = prev.claim, None, prev.concerns
+        else:
+            claim, problem, concerns = claim_of(info.counted, now=_to_datetime(now), reservation_ttl=self._ttl)
         p = _Pod(info, claim, problem, concerns)
         self.pods[info.uid] = p
         if info.error:
