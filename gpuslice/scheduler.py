@@ -416,6 +416,7 @@ class Scheduler:
                                    memory_tolerance=view.settings.memory_tolerance)
             if clash:
                 names = ", ".join(h.pod for h in clash)
+                view.release(info.uid)  # kube-scheduler retries from filter, which reserves afresh
                 return BindPlan(refusal=f"same-size rule: {names} on {node} ask the same {info.request.slices} "
                                         "slices and kubelet has not admitted them yet; retry after it has")
         view.extend(info.uid, now)

@@ -164,6 +164,8 @@ class ClusterView:
         n = self.nodes.pop(name, None)
         if n is None:
             return
+        for uid in sorted(self.reserved_on.pop(name, set())):  # nothing to hold them on any more
+            self.reservations.pop(uid)
         if n.row >= 0:
             self._drop_owners(n)
             self.state.remove_node(n.row)

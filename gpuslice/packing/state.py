@@ -352,6 +352,14 @@ class ClusterState:
         self.node_classes[v] = 0
         self.node_version[v] += 1
         self.layout_version += 1
+        self._refresh_maxima()
+
+    def _refresh_maxima(self) -> None:
+        """The largest live node's CPU, slices and GPUs (policies scale by them), as a fresh build has."""
+        alive = self.node_alive
+        self.max_node_cpu = int(self.node_cpu_cap[alive].max()) if alive.any() else 1
+        self.max_node_slices = int(self.node_slice_cap[alive].max()) if alive.any() else 1
+        self.max_node_gpus = int(self.node_gpus[alive].max()) if alive.any() else 1
 
     def replace_units(self, v: int, units: Sequence[UnitSpec]) -> None:
         """A node's GPU layout changed (GPUs, modes, S or MIG instances): its old unit rows are
@@ -359,6 +367,7 @@ class ClusterState:
         self._check_node(v)
         self._detach_units(v)
         self._append_units(v, units)
+        self._refresh_maxima()
 
     def set_node_resources(self, v: int, cpu_milli: int, memory_mib: int) -> None:
         """New allocatable CPU and memory; what pods use there is kept."""
@@ -366,7 +375,7 @@ class ClusterState:
         self.node_cpu_free[v] += cpu_milli - int(self.node_cpu_cap[v])
         self.node_mem_free[v] += memory_mib - int(self.node_mem_cap[v])
         self.node_cpu_cap[v], self.node_mem_cap[v] = cpu_milli, memory_mib
-        self.max_node_cpu = max(self.max_node_cpu, cpu_milli)
+        self._refresh_maxima()
         self.node_version[v] += 1
 
     def set_node_product(self, v: int, product: str) -> None:
