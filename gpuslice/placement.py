@@ -18,7 +18,6 @@ from gpuslice.catalogue import product
 from gpuslice.model import Gpu, GpuMode, NodeInventory
 from gpuslice.requests import SliceRequest
 from gpuslice.rules import DEFAULT_MEMORY_TOLERANCE
-from gpuslice.units import format_mib
 
 __all__ = ["DEFAULT_MEMORY_TOLERANCE", "Feasibility", "Placement", "enumerate_placements", "suits"]
 
@@ -43,7 +42,7 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class Feasibility:
-    """The placements found on a node and, per GPU, why the others were not possible."""
+    """The placements found on a node and, when there is none, why (one reason)."""
 
     node: str
     placements: tuple[Placement, ...]
@@ -54,16 +53,10 @@ class Feasibility:
         return bool(self.placements)
 
     def reason(self) -> str:
-        """One line for a FailedNodes entry or an event: the distinct reasons, most common first."""
+        """One line for a FailedNodes entry or an event ("" when a placement exists)."""
         if self.placements:
             return ""
-        if not self.reasons:
-            return "node has no GPUs advertising example.com/gpu-slice"
-        counts: dict[str, int] = {}
-        for r in self.reasons:
-            counts[r] = counts.get(r, 0) + 1
-        ordered = sorted(counts.items(), key=lambda kv: -kv[1])
-        return "; ".join(f"{r} (x{n})" if n > 1 else r for r, n in ordered)
+        return "; ".join(self.reasons) or "no placement"
 
 
 def memory_fits(available_mib: float, request: SliceRequest, tolerance: float) -> bool:
@@ -77,119 +70,92 @@ def isolation_allows(mode: GpuMode, request: SliceRequest) -> bool:
     return rules.isolation_allows(mode, request.isolation)
 
 
-def _memory_reason(gpu: Gpu, what: str, available: float, request: SliceRequest) -> str:
-    assert request.memory_mib is not None
-    return (f"{what} on {gpu.product} has {format_mib(available)}, "
-            f"less than the {format_mib(float(request.memory_mib))} requested")
-
-
 def _mig(node: str, gpu: Gpu, used: frozenset[str], request: SliceRequest, tol: float,
-         out: list[Placement], reasons: list[str]) -> None:
-    k = request.slices
-    sizes = sorted({p.compute_slices for p in product(gpu.product).mig_profiles})
-    if k not in sizes:
-        reasons.append(f"a {k}-slice request matches no MIG profile of {gpu.product} "
-                       f"(compute slices {', '.join(map(str, sizes))})")
-        return
-    matching = [i for i in gpu.instances if i.compute_slices == k]
-    if not matching:
-        reasons.append(f"GPU {gpu.index} has no MIG instance with {k} compute slices")
-        return
-    found = False
-    short: tuple[float, str] | None = None
-    for inst in matching:
+         out: list[Placement]) -> None:
+    for inst in gpu.instances:
+        if inst.compute_slices != request.slices:
+            continue
         sids = inst.slice_ids()
-        if any(s in used for s in sids):
+        if any(s in used for s in sids) or not memory_fits(inst.memory_mib, request, tol):
             continue
-        if not memory_fits(inst.memory_mib, request, tol):
-            if short is None or inst.memory_mib > short[0]:
-                short = (inst.memory_mib, inst.profile)
-            continue
-        found = True
         out.append(Placement(node, "mig", (gpu.uuid,), inst.uuid, sids, inst.memory_mib))
-    if not found:
-        if short is not None:
-            reasons.append(_memory_reason(gpu, f"MIG instance {short[1]}", short[0], request))
-        else:
-            reasons.append(f"every {k}-slice MIG instance on GPU {gpu.index} is in use")
 
 
 def _mps(node: str, gpu: Gpu, used: frozenset[str], request: SliceRequest, tol: float,
-         out: list[Placement], reasons: list[str]) -> None:
+         out: list[Placement]) -> None:
     k, s = request.slices, gpu.slices
     if k > s:
-        reasons.append(f"{k} slices exceed the {s} slices of one MPS GPU")
         return
     memory = rules.mps_share_mib(gpu.memory_mib, k, s)
     if not memory_fits(memory, request, tol):
-        reasons.append(_memory_reason(gpu, f"{k}/{s} of an MPS GPU", memory, request))
         return
     free = [sid for sid in gpu.slice_ids() if sid not in used]
-    if len(free) < k:
-        reasons.append(f"GPU {gpu.index} has {len(free)} of {s} slices free, {k} needed")
-        return
-    out.append(Placement(node, "mps", (gpu.uuid,), None, tuple(free[:k]), memory))
+    if len(free) >= k:
+        out.append(Placement(node, "mps", (gpu.uuid,), None, tuple(free[:k]), memory))
 
 
 def enumerate_placements(inventory: NodeInventory, request: SliceRequest, *,
                          memory_tolerance: float = DEFAULT_MEMORY_TOLERANCE) -> Feasibility:
-    """Every feasible placement of ``request`` on ``inventory``, with reasons for what failed."""
+    """Every feasible placement of ``request`` on ``inventory``; when there is none, the reason,
+    worded by the one owner of refusal reasons (:mod:`gpuslice.reasons`)."""
     placements: list[Placement] = []
-    reasons: list[str] = []
     used = inventory.used
     whole_free: list[Gpu] = []
-    whole_seen: list[Gpu] = []
     for gpu in inventory.gpus:
-        if not gpu.healthy:
-            reasons.append(f"GPU {gpu.index} is unhealthy")
-            continue
-        if gpu.cordoned:
-            reasons.append(f"GPU {gpu.index} is cordoned")
-            continue
-        if not isolation_allows(gpu.mode, request):
-            reasons.append(f"GPU {gpu.index} is in {gpu.mode} mode, pod asks {request.isolation} isolation")
+        if not gpu.schedulable or not isolation_allows(gpu.mode, request):
             continue
         if request.memory_mib is not None and product(gpu.product).memory_mib is None:
-            reasons.append(f"memory of {gpu.product} GPUs is not known, pod asks a memory floor")
             continue
         if gpu.mode == "mig":
-            _mig(inventory.node, gpu, used, request, memory_tolerance, placements, reasons)
+            _mig(inventory.node, gpu, used, request, memory_tolerance, placements)
         elif gpu.mode == "mps":
-            _mps(inventory.node, gpu, used, request, memory_tolerance, placements, reasons)
-        else:
-            whole_seen.append(gpu)
-            if not any(sid in used for sid in gpu.slice_ids()):
-                whole_free.append(gpu)
-    if whole_seen:
-        placements.extend(_whole(inventory.node, whole_seen, whole_free, request, memory_tolerance, reasons))
-    return Feasibility(inventory.node, tuple(placements), tuple(reasons))
+            _mps(inventory.node, gpu, used, request, memory_tolerance, placements)
+        elif not any(sid in used for sid in gpu.slice_ids()):
+            whole_free.append(gpu)
+    placements.extend(_whole(inventory.node, whole_free, request, memory_tolerance))
+    reasons = () if placements else (_explain(inventory, request, memory_tolerance),)
+    return Feasibility(inventory.node, tuple(placements), reasons)
 
 
-def _whole(node: str, seen: list[Gpu], free: list[Gpu], request: SliceRequest, tol: float,
-           reasons: list[str]) -> list[Placement]:
+def _explain(inventory: NodeInventory, request: SliceRequest, tolerance: float) -> str:
+    """Why ``request`` has no placement here, from the same reasons the filter gives."""
+    import numpy as np
+
+    from gpuslice.errors import GpuSliceError
+    from gpuslice.packing.build import pack_request, state_from_inventories
+    from gpuslice.packing.state import NodeSpec
+    from gpuslice.reasons import explain
+
+    s = next((g.slices for g in inventory.gpus if g.mode != "mig"), 7)
+    try:
+        req = pack_request(request, slices_per_gpu=s)
+    except GpuSliceError as err:
+        return str(err)
+    name = inventory.gpus[0].product if inventory.gpus else ""
+    state = state_from_inventories([(NodeSpec(inventory.node, 0, 0, name), inventory)], slices_per_gpu=s,
+                                   memory_tolerance=tolerance)
+    fit = state.fit(req)
+    text = explain(state, req, fit, np.zeros(1, dtype=np.int64)).texts[0]
+    return text or "no placement"
+
+
+def _whole(node: str, free: list[Gpu], request: SliceRequest, tol: float) -> list[Placement]:
     """Whole-GPU placements: m fully free GPUs of equal S (one placement per first-fit window)."""
     k = request.slices
     out: list[Placement] = []
     by_s: dict[int, list[Gpu]] = {}
-    for gpu in seen:
-        by_s.setdefault(gpu.slices, [])
     for gpu in free:
-        by_s[gpu.slices].append(gpu)
+        by_s.setdefault(gpu.slices, []).append(gpu)
     for s, gpus in by_s.items():
         if k % s:
-            reasons.append(f"{k} slices is not a whole number of GPUs (S={s}) for whole-mode GPUs")
             continue
         m = k // s
-        if len(gpus) < m:
-            reasons.append(f"{len(gpus)} whole GPUs free, {m} needed")
-            continue
         # Each window of m consecutive free GPUs (in index order) is one candidate, so a policy can
         # choose among GPUs without an exponential number of combinations.
         for start in range(len(gpus) - m + 1):
             chosen = gpus[start:start + m]
             memory = sum(g.memory_mib for g in chosen)
             if not memory_fits(memory, request, tol):
-                reasons.append(_memory_reason(chosen[0], f"{m} whole GPU(s)", memory, request))
                 break
             sids = tuple(sid for g in chosen for sid in g.slice_ids())
             out.append(Placement(node, "whole", tuple(g.uuid for g in chosen), None, sids, memory))

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from gpuslice.catalogue import PRODUCTS
 from gpuslice.packing.state import KIND_MIG, KIND_MPS, KIND_WHOLE, ClusterState, Fit, PackRequest
 from gpuslice.rules import memory_floor_met, mps_share_mib
+from gpuslice.units import format_mib
 
 I64 = NDArray[np.int64]
 B = NDArray[np.bool_]
@@ -34,6 +36,13 @@ class Explained:
 
     def as_dict(self, names: tuple[str, ...]) -> dict[str, tuple[str, bool]]:
         return {names[int(v)]: (t, bool(u)) for v, t, u in zip(self.rows, self.texts, self.unresolvable, strict=True)}
+
+
+def _profile_sizes(product_name: str) -> list[int]:
+    """Compute-slice sizes of a product's MIG profiles ([] for an unknown or non-MIG product)."""
+    if product_name not in PRODUCTS:
+        return []
+    return sorted({p.compute_slices for p in PRODUCTS[product_name].mig_profiles})
 
 
 def _kinds_text(kinds: set[int]) -> str:
@@ -133,7 +142,8 @@ def explain(state: ClusterState, req: PackRequest, fit: Fit, rows: I64) -> Expla
                     whole = int((row_real & kind_ok[i] & (cap[i] == s)).sum())
                     put(i, ("multi", whole, tuple(sorted(present))),
                         f"a {req.total_slices}-slice pod needs {m} whole-mode GPUs of {s} slices (more than one "
-                        f"GPU is given only as whole GPUs); node has {whole} (modes here: {_kinds_text(present)})",
+                        f"GPU is given only as whole GPUs), and the node has {whole} (modes here: "
+                        f"{_kinds_text(present)})",
                         True)
                 elif not (row_real & iso_ok[i]).any():
                     want = "MIG instances" if req.isolation == "mig" else "MPS GPUs"
@@ -144,22 +154,32 @@ def explain(state: ClusterState, req: PackRequest, fit: Fit, rows: I64) -> Expla
                     mig_sizes = sorted({int(c) for c, kd in zip(cap[i], kind[i], strict=True) if kd == KIND_MIG})
                     parts = []
                     if mig_sizes:
-                        parts.append(f"MIG instances here have {', '.join(map(str, mig_sizes))} compute slices")
+                        name = state.products[int(state.node_product[v])]
+                        profiles = _profile_sizes(name)
+                        if profiles and k not in profiles:
+                            parts.append(f"no MIG profile of {name} has {k} compute slices (profiles: "
+                                         f"{', '.join(map(str, profiles))})")
+                        else:
+                            parts.append(f"no MIG instance here has {k} compute slices (instances here: "
+                                         f"{', '.join(map(str, mig_sizes))}; the layout would have to change)")
                     if (kind[i] == KIND_WHOLE).any():
                         parts.append(f"whole-mode GPUs are given only whole ({s} slices)")
-                    put(i, ("size", k, tuple(mig_sizes)),
-                        f"no GPU here can take exactly {k} slices: {'; '.join(parts)}", True)
+                    put(i, ("size", k, tuple(mig_sizes), int(state.node_product[v])),
+                        f"no GPU here can take exactly {k} slices: {', and '.join(parts)}", True)
                 else:
                     fitting = row_real & iso_ok[i] & size_ok[i]
                     best = int(share[i][fitting].max()) if fitting.any() else 0
                     put(i, ("memory", k, best),
-                        f"no GPU or MIG instance here gives {req.gpu_memory_mib} MiB of GPU memory to a {k}-slice "
-                        f"pod (at most {best} MiB here)", True)
+                        f"no GPU or MIG instance here gives {format_mib(req.gpu_memory_mib)} of GPU memory to a "
+                        f"{k}-slice pod (at most {format_mib(best)} here)", True)
                 continue
             # Could fit an empty node: what is in use, cordoned or the owner rule stands in the way.
             need_n = m if multi else 1
             if int(usable_ok[i].sum()) < need_n and int(free_ok[i].sum()) >= need_n:
-                put(i, ("cordon",), "the GPUs that could take the pod are unhealthy or cordoned")
+                blocked = sorted({int(g) for g in state.unit_gpu_index[nu[i]][free_ok[i] & ~usable[i]]})
+                listed = ", ".join(map(str, blocked))
+                put(i, ("cordon", listed), f"GPU {listed} could take the pod but "
+                                           f"{'is' if len(blocked) == 1 else 'are'} unhealthy or cordoned")
             elif req.owner and int((usable_ok[i] & ~owner_blocked[i]).sum()) < need_n <= int(usable_ok[i].sum()):
                 put(i, ("owner", req.owner), f"every fitting GPU already runs a pod of {req.owner} "
                                              "(owner-spread rule)")
@@ -172,8 +192,10 @@ def explain(state: ClusterState, req: PackRequest, fit: Fit, rows: I64) -> Expla
                     most = int(free[i][st & (kind[i] == KIND_MPS)].max())
                     put(i, ("busy-mps", most), f"slices in use: no fitting GPU has {k} free slices (at most {most} "
                                                f"of {s} free)")
+                elif (kind[i][st] == KIND_MIG).any():
+                    put(i, ("busy-mig",), f"slices in use: every fitting {k}-slice MIG instance here is taken")
                 else:
-                    put(i, ("busy-mig",), f"slices in use: every fitting {k}-slice MIG instance or GPU is taken")
+                    put(i, ("busy-whole",), "slices in use: every fitting whole GPU here is taken")
             continue
         if not fit.cpu[v]:
             put(i, ("cpu", int(state.node_cpu_free[v])), f"insufficient cpu: pod asks {req.cpu_milli}m, node has "

@@ -135,6 +135,8 @@ class Result:
 
 _OWNER_RULE = re.compile(r"already runs a pod of \S+")
 _NODE_FREE = re.compile(r", node has \d+m? (MiB )?free")
+_NODE_SPECIFIC = re.compile(
+    r" \((at most [^)]*|instances here: [^)]*|modes here: [^)]*)\)|, and the node has \d+|^GPU [\d, ]+ could")
 
 
 def normalise_reasons(texts: Iterable[str]) -> set[str]:
@@ -148,6 +150,7 @@ def normalise_reasons(texts: Iterable[str]) -> set[str]:
         for part in gpu_parts or parts:
             part = _OWNER_RULE.sub("already runs a pod of the same owner", part)
             part = _NODE_FREE.sub("", part).replace("insufficient memory:", "insufficient host memory:")
+            part = _NODE_SPECIFIC.sub(lambda m: "GPUs that could" if m.group(0).startswith("GPU") else "", part)
             out.add(part)
     return out
 

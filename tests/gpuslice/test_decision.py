@@ -62,8 +62,8 @@ def test_mig_units_need_exact_size_and_reason_says_so() -> None:
     ok = enumerate_candidates(state, PackRequest(gpus=1, slices=3, isolation="mig"))
     assert ok.node.tolist() == [2] and state.unit_cap[ok.units[0, 0]] == 3
     reasons = filter_reasons(state, PackRequest(gpus=1, slices=1, isolation="mig"))
-    assert reasons[2] == ("no GPU here can take exactly 1 slices: MIG instances here have 2, 3 compute "
-                          "slices")
+    assert reasons[2] == ("no GPU here can take exactly 1 slices: no MIG instance here has 1 compute slices "
+                          "(instances here: 2, 3; the layout would have to change)")
     assert reasons[0] == "pod asks mig isolation and the node has no MIG instances (modes here: mps)"
 
 

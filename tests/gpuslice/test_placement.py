@@ -39,34 +39,37 @@ def test_five_slices_on_mig_refused_with_reason() -> None:
                                         MigInstance("MIG-3", "3g.40gb", 4, 3, 40448)),))
     f = enumerate_placements(inv, SliceRequest(5))
     assert not f.feasible
-    assert f.reason() == "a 5-slice request matches no MIG profile of H100-80GB (compute slices 1, 2, 3, 4, 7)"
+    assert f.reason() == ("no GPU here can take exactly 5 slices: no MIG profile of H100-80GB has 5 compute slices "
+                          "(profiles: 1, 2, 3, 4, 7)")
 
 
 def test_nine_slices_with_s7_refused() -> None:
     inv = NodeInventory("n", (mps(),))
     f = enumerate_placements(inv, SliceRequest(9))
-    assert f.reason() == "9 slices exceed the 7 slices of one MPS GPU"
+    refusal = "9 slices is neither at most S=7 (one GPU) nor a whole number of GPUs (a multiple of 7)"
+    assert f.reason() == refusal
     inv2 = NodeInventory("n", (whole("GPU-a", 0), whole("GPU-b", 1)))
-    assert enumerate_placements(inv2, SliceRequest(9)).reason() == (
-        "9 slices is not a whole number of GPUs (S=7) for whole-mode GPUs")
+    assert enumerate_placements(inv2, SliceRequest(9)).reason() == refusal
 
 
 def test_fourteen_slices_on_one_mps_gpu_refused() -> None:
     inv = NodeInventory("n", (mps(),))
-    assert enumerate_placements(inv, SliceRequest(14)).reason() == "14 slices exceed the 7 slices of one MPS GPU"
+    assert enumerate_placements(inv, SliceRequest(14)).reason() == (
+        "a 14-slice pod needs 2 whole-mode GPUs of 7 slices (more than one GPU is given only as whole GPUs), and the "
+        "node has 0 (modes here: mps)")
 
 
 def test_memory_floor_no_instance_meets_is_refused() -> None:
     inv = NodeInventory("n", (h100_mig(*BALANCED),))
     f = enumerate_placements(inv, SliceRequest(1, Fraction(30 * GIB)))
     assert not f.feasible
-    assert f.reason().endswith(" on H100-80GB has 19.62 GiB, less than the 30.00 GiB requested")
+    assert f.reason().endswith("(at most 19.62 GiB here)")
 
 
 def test_memory_reason_names_the_largest_instance() -> None:
     inv = NodeInventory("n", (h100_mig(*BALANCED),))
     assert enumerate_placements(inv, SliceRequest(1, Fraction(30 * GIB))).reason() == (
-        "MIG instance 1g.20gb on H100-80GB has 19.62 GiB, less than the 30.00 GiB requested")
+        "no GPU or MIG instance here gives 30.00 GiB of GPU memory to a 1-slice pod (at most 19.62 GiB here)")
 
 
 def test_20gi_matches_1g20gb_within_tolerance() -> None:
@@ -84,8 +87,11 @@ def test_mig_takes_one_whole_instance_of_exactly_k() -> None:
     assert [(p.mode, p.instance, p.slice_ids) for p in f.placements] == [
         ("mig", "MIG-3g", ("MIG-3g::0", "MIG-3g::1", "MIG-3g::2"))]
     used = inv.allocate(["MIG-3g::1"])
-    assert enumerate_placements(used, SliceRequest(3)).reason() == "every 3-slice MIG instance on GPU 0 is in use"
-    assert enumerate_placements(inv, SliceRequest(4)).reason() == "GPU 0 has no MIG instance with 4 compute slices"
+    assert enumerate_placements(used, SliceRequest(3)).reason() == (
+        "slices in use: every fitting 3-slice MIG instance here is taken")
+    assert enumerate_placements(inv, SliceRequest(4)).reason() == (
+        "no GPU here can take exactly 4 slices: no MIG instance here has 4 compute slices (instances here: 1, 3; "
+        "the layout would have to change)")
 
 
 def test_mps_memory_is_k_over_s() -> None:
@@ -93,9 +99,10 @@ def test_mps_memory_is_k_over_s() -> None:
     (p,) = enumerate_placements(inv, SliceRequest(2)).placements
     assert p.mode == "mps" and p.slice_ids == ("GPU-s::0", "GPU-s::1") and p.memory_mib == 81559 * 2 // 7
     assert enumerate_placements(inv, SliceRequest(1, Fraction(12 * GIB))).reason() == (
-        "1/7 of an MPS GPU on H100-80GB has 11.38 GiB, less than the 12.00 GiB requested")
+        "no GPU or MIG instance here gives 12.00 GiB of GPU memory to a 1-slice pod (at most 11.38 GiB here)")
     busy = inv.allocate([f"GPU-s::{n}" for n in range(6)])
-    assert enumerate_placements(busy, SliceRequest(2)).reason() == "GPU 0 has 1 of 7 slices free, 2 needed"
+    assert enumerate_placements(busy, SliceRequest(2)).reason() == (
+        "slices in use: no fitting GPU has 2 free slices (at most 1 of 7 free)")
 
 
 def test_whole_multi_gpu() -> None:
@@ -105,7 +112,8 @@ def test_whole_multi_gpu() -> None:
     assert all(p.mode == "whole" and len(p.slice_ids) == 14 and p.memory_mib == 2 * 81559 for p in f.placements)
     partly = inv.allocate(["GPU-b::3"])
     assert enumerate_placements(partly, SliceRequest(14)).placements[0].gpus == ("GPU-a", "GPU-c")
-    assert enumerate_placements(partly, SliceRequest(21)).reason() == "2 whole GPUs free, 3 needed"
+    assert enumerate_placements(partly, SliceRequest(21)).reason() == (
+        "slices in use: 2 of the 3 whole GPUs needed are free")
 
 
 def test_isolation_health_and_cordon() -> None:
@@ -114,9 +122,10 @@ def test_isolation_health_and_cordon() -> None:
     assert {p.mode for p in enumerate_placements(inv, SliceRequest(1, isolation="mps")).placements} == {"mps"}
     sick = NodeInventory("n", (Gpu("GPU-s", 0, "H100-80GB", 81559, "mps", 7, healthy=False),
                                Gpu("GPU-t", 1, "H100-80GB", 81559, "mps", 7, cordoned=True)))
-    assert enumerate_placements(sick, SliceRequest(1)).reason() == "GPU 0 is unhealthy; GPU 1 is cordoned"
+    assert enumerate_placements(sick, SliceRequest(1)).reason() == (
+        "GPU 0, 1 could take the pod but are unhealthy or cordoned")
     assert enumerate_placements(NodeInventory("n", ()), SliceRequest(1)).reason() == (
-        "node has no GPUs advertising example.com/gpu-slice")
+        "node has no GPUs advertising slices")
 
 
 def test_suits() -> None:
@@ -186,5 +195,5 @@ def test_isolation_pins_the_mode_even_for_whole_gpus() -> None:
     inv = NodeInventory("n", (whole,))
     result = enumerate_placements(inv, SliceRequest(7, isolation="mig"))
     assert not result.feasible
-    assert result.reason() == "GPU 0 is in whole mode, pod asks mig isolation"
+    assert result.reason() == "pod asks mig isolation and the node has no MIG instances (modes here: whole)"
     assert enumerate_placements(inv, SliceRequest(7)).feasible

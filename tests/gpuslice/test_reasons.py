@@ -72,7 +72,8 @@ def test_mig_node_without_the_size_lists_its_instance_sizes() -> None:
     node = node_obj("n1", [mig_gpu("n1", 0, (("3g.40gb", 0), ("3g.40gb", 4))),
                            mig_gpu("n1", 1, (("4g.40gb", 0), ("3g.40gb", 4)))])
     text = only_reason(decide([node], pod_obj("u1", 2)), "n1", hard=True)
-    assert text == "no GPU here can take exactly 2 slices: MIG instances here have 3, 4 compute slices"
+    assert text == ("no GPU here can take exactly 2 slices: no MIG instance here has 2 compute slices (instances "
+                    "here: 3, 4; the layout would have to change)")
 
 
 def test_whole_mode_node_says_whole_gpus_only() -> None:
@@ -89,7 +90,7 @@ def test_busy_slices_are_resolvable() -> None:
     objs = [node_obj("n2", [mig]), pod_obj("b", 2, node="n2", assigned=sids(mig_uuid("n2", 1, "4"), 2))]
     objs[0] = node_obj("n2", [mig_gpu("n2", 1, A_LAYOUT)])
     text = only_reason(decide(objs, pod_obj("u1", 2)), "n2", hard=False)
-    assert text == "slices in use: every fitting 2-slice MIG instance or GPU is taken"
+    assert text == "slices in use: every fitting 2-slice MIG instance here is taken"
 
 
 def test_busy_whole_gpus_for_a_multi_gpu_pod_are_resolvable() -> None:
@@ -111,8 +112,8 @@ def test_memory_floor_too_large_is_unresolvable() -> None:
     res = decide([node_obj("n1", [mps_gpu("n1", 0)])], pod_obj("u1", 1, gpu_memory="40Gi"))
     text = only_reason(res, "n1", hard=True)
     share = 81559 // S
-    assert text == f"no GPU or MIG instance here gives 40960 MiB of GPU memory to a 1-slice pod (at most {share} " \
-                   "MiB here)"
+    assert text == ("no GPU or MIG instance here gives 40.00 GiB of GPU memory to a 1-slice pod (at most "
+                    f"{share / 1024:.2f} GiB here)")
 
 
 def test_product_not_allowed_is_unresolvable() -> None:
@@ -140,7 +141,7 @@ def test_owner_spread_covers_every_mig_instance_of_the_gpu() -> None:
 def test_cordoned_gpus_are_resolvable_and_named() -> None:
     gpus = [mps_gpu("n1", 0), mps_gpu("n1", 1)]
     res = decide([node_obj("n1", gpus, cordon=[g.uuid for g in gpus])], pod_obj("u1", 1))
-    assert only_reason(res, "n1", hard=False) == "the GPUs that could take the pod are unhealthy or cordoned"
+    assert only_reason(res, "n1", hard=False) == "GPU 0, 1 could take the pod but are unhealthy or cordoned"
     res = decide([node_obj("n1", [replace(gpus[0], healthy=False)])], pod_obj("u1", 1))
     assert "unhealthy or cordoned" in only_reason(res, "n1", hard=False)
 
@@ -305,4 +306,5 @@ def test_unresolvable_means_not_even_on_the_emptied_node(scene: tuple[list[dict[
 def test_reason_for_mig_instance_too_small_for_the_memory(isolation: str) -> None:
     node = node_obj("n1", [mig_gpu("n1", 0, (("1g.10gb", 0), ("1g.10gb", 1)))])
     text = only_reason(decide([node], pod_obj("u1", 1, gpu_memory="20Gi", isolation=isolation)), "n1", hard=True)
-    assert text == "no GPU or MIG instance here gives 20480 MiB of GPU memory to a 1-slice pod (at most 9984 MiB here)"
+    assert text == ("no GPU or MIG instance here gives 20.00 GiB of GPU memory to a 1-slice pod (at most 9.75 GiB "
+                    "here)")

@@ -344,7 +344,7 @@ def test_memory_tolerance_decides_a_floor_just_above_the_instance() -> None:
     objs = [node_obj("n1", [mig_gpu("n1", 0, (("1g.10gb", 0),))])]  # 9984 MiB
     pod = pod_obj("u1", 1, gpu_memory="10400Mi")  # 10400 * 0.97 = 10088 > 9984; * 0.95 = 9880 fits
     _, tight = build(objs)
-    assert "10400 MiB" in tight.filter(pod, ["n1"], NOW).unresolvable["n1"]
+    assert "10.16 GiB" in tight.filter(pod, ["n1"], NOW).unresolvable["n1"]
     view, loose = build(objs, cfg=config(memoryTolerance=0.05))
     assert view.state.memory_tolerance == 0.05
     res = loose.filter(pod, ["n1"], NOW)
