@@ -29,15 +29,16 @@ an older extender drop the node during a rolling update; incompatible changes bu
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn, TypeVar, cast
 
 from gpuslice import ids
 from gpuslice.errors import AnnotationError, GpuSliceError
@@ -242,7 +243,15 @@ def decode_inventory(text: object) -> tuple[Gpu, ...]:
 
 
 def decode_assignment(text: object) -> Assignment:
-    """Read a pod assignment annotation; see ``decode_assignment_for`` to also check the pod UID."""
+    """Read a pod assignment annotation; see ``decode_assignment_for`` to also check the pod UID.
+
+    Values are immutable, so a text seen before (a pod's status update) is not parsed again."""
+    if isinstance(text, str) and len(text) <= _CACHED_TEXT:
+        return _cached(_decode_assignment, text)
+    return _decode_assignment(text)
+
+
+def _decode_assignment(text: object) -> Assignment:
     reader = _Reader(_load(text, ASSIGNMENT_KEY), ASSIGNMENT_KEY)
     pod_uid = reader.text("podUID")
     node = reader.text("node")
@@ -258,7 +267,32 @@ def decode_assignment(text: object) -> Assignment:
 
 
 def decode_allocated(text: object) -> Allocated:
-    """Read a pod allocated annotation."""
+    """Read a pod allocated annotation (cached by text, like :func:`decode_assignment`)."""
+    if isinstance(text, str) and len(text) <= _CACHED_TEXT:
+        return _cached(_decode_allocated, text)
+    return _decode_allocated(text)
+
+
+_CACHED_TEXT = 4096
+_T = TypeVar("_T")
+
+
+@functools.lru_cache(maxsize=16384)
+def _cached_result(fn: Callable[[object], object], text: str) -> tuple[bool, object]:
+    try:
+        return True, fn(text)
+    except AnnotationError as err:
+        return False, str(err)
+
+
+def _cached(fn: Callable[[object], _T], text: str) -> _T:
+    ok, value = _cached_result(fn, text)
+    if not ok:
+        raise AnnotationError(str(value))
+    return cast(_T, value)
+
+
+def _decode_allocated(text: object) -> Allocated:
     reader = _Reader(_load(text, ALLOCATED_KEY), ALLOCATED_KEY)
     slice_ids = reader.text_array("sliceIds")
     time = reader.time("time")

@@ -50,32 +50,46 @@ def _kinds_text(kinds: set[int]) -> str:
     return ", ".join(sorted(names[k] for k in kinds)) or "none"
 
 
+# Cause codes, in the order they are tested; the first HARD ones are unresolvable.
+(GONE, PRODUCT, CPU_CAP, MEM_CAP, NO_GPUS, MULTI, ISOLATION, SIZE, MEMORY, HARD,
+ CORDON, OWNER, BUSY_MULTI, BUSY_MPS, BUSY_MIG, BUSY_WHOLE, CPU, MEM, OK) = range(19)
+_KIND_BITS = {KIND_MPS: 1, KIND_WHOLE: 2, KIND_MIG: 4}
+
+
+def _bits(mask: int, table: dict[int, int]) -> set[int]:
+    return {k for k, bit in table.items() if mask & bit}
+
+
 def explain(state: ClusterState, req: PackRequest, fit: Fit, rows: I64) -> Explained:
-    """Reasons for the node rows in ``rows`` (all expected refused by ``fit``)."""
+    """Reasons for the node rows in ``rows`` (all expected refused by ``fit``).
+
+    Each row gets a cause code and up to three numbers, computed for all rows at once; the text is
+    then written once per distinct (cause, numbers), so thousands of refusals cost a few ms."""
     n = rows.shape[0]
-    texts: list[str] = [""] * n
-    unres = np.zeros(n, dtype=bool)
     if n == 0:
-        return Explained(rows, (), unres)
-    cache: dict[tuple[object, ...], str] = {}
+        return Explained(rows, (), np.zeros(0, dtype=bool))
+    code = np.full(n, OK, dtype=np.int64)
+    p1 = np.zeros(n, dtype=np.int64)
+    p2 = np.zeros(n, dtype=np.int64)
+    p3 = np.zeros(n, dtype=np.int64)
+    open_ = np.ones(n, dtype=bool)  # rows whose cause is not decided yet
+
+    def assign(mask: NDArray[np.bool_], c: int, a: object = 0, b: object = 0, d: object = 0) -> None:
+        m = mask & open_
+        code[m] = c
+        for arr, val in ((p1, a), (p2, b), (p3, d)):
+            if isinstance(val, np.ndarray):
+                arr[m] = val[m]
+            elif val:
+                arr[m] = int(val)  # type: ignore[call-overload]
+        open_[m] = False
+
     s = state.slices_per_gpu
-
-    def put(i: int, key: tuple[object, ...], text: str | None = None, hard: bool = False) -> None:
-        t = cache.get(key)
-        if t is None:
-            t = text if text is not None else str(key)
-            cache[key] = t
-        texts[i] = t
-        unres[i] = hard
-
-    alive = state.node_alive[rows]
-    prod_ok = fit.product[rows]
-    cpu_cap_ok = state.node_cpu_cap[rows] >= req.cpu_milli
-    mem_cap_ok = state.node_mem_cap[rows] >= req.memory_mib
-    gpu_ok = fit.gpu[rows]
-    # The GPU side's static and dynamic causes, per node, over the node's unit positions.
-    need = req.gpus > 0
-    if need:
+    assign(~state.node_alive[rows], GONE)
+    assign(~fit.product[rows], PRODUCT, state.node_product[rows])
+    assign(state.node_cpu_cap[rows] < req.cpu_milli, CPU_CAP, state.node_cpu_cap[rows])
+    assign(state.node_mem_cap[rows] < req.memory_mib, MEM_CAP, state.node_mem_cap[rows])
+    if req.gpus > 0:
         nu = state.node_units[rows]  # (n, width); padding = sentinel row
         kind = state.unit_kind[nu]
         cap = state.unit_cap[nu]
@@ -84,13 +98,10 @@ def explain(state: ClusterState, req: PackRequest, fit: Fit, rows: I64) -> Expla
         real = kind != 3
         k = req.slices
         multi = req.gpus > 1
-        kind_ok = ((kind == KIND_WHOLE) | ((kind == KIND_MPS) & state.allow_mps_multi)) if multi else real.copy()
-        if req.isolation == "mig":
-            iso_ok = kind == KIND_MIG
-        elif req.isolation == "mps":
-            iso_ok = kind == KIND_MPS
-        else:
-            iso_ok = real
+        need = req.gpus if multi else 1
+        kind_ok = ((kind == KIND_WHOLE) | ((kind == KIND_MPS) & state.allow_mps_multi)) if multi else real
+        iso_ok = (kind == KIND_MIG) if req.isolation == "mig" else (kind == KIND_MPS) if req.isolation == "mps" \
+            else real
         size_ok = (cap == k) if multi else ((kind == KIND_MPS) | (cap == k))
         if req.gpu_memory_mib > 0:
             share = np.where(kind == KIND_MPS, mps_share_mib(state.unit_mem[nu], k, cap), state.unit_mem[nu])
@@ -99,111 +110,112 @@ def explain(state: ClusterState, req: PackRequest, fit: Fit, rows: I64) -> Expla
             share = state.unit_mem[nu]
             mem_ok = np.ones_like(real)
         static = real & kind_ok & iso_ok & size_ok & mem_ok
-        static_n = static.sum(axis=1)
-        busy_free = (free == k) if multi else (free >= k)
-        free_ok = static & busy_free
+        free_ok = static & ((free == k) if multi else (free >= k))
         usable_ok = free_ok & usable
-        owner_blocked = np.zeros_like(real)
+        blocked = np.zeros_like(real)
         if req.owner:
             taken = state.owner_units(req.owner)
             if taken:
                 mark = np.zeros(state.n_units + 1, dtype=bool)
                 mark[np.array(taken, dtype=np.int64)] = True
-                owner_blocked = mark[nu]
-        m = req.gpus
-    for i in range(n):
-        v = int(rows[i])
-        if not alive[i]:
-            put(i, ("gone",), "node was removed", True)
-            continue
-        if not prod_ok[i]:
-            product = state.products[int(state.node_product[v])]
-            allowed = ", ".join(sorted(req.products or ()))
-            put(i, ("product", product), f"GPU product {product or 'none'} is not among the pod's allowed "
-                                         f"products ({allowed})", True)
-            continue
-        if not cpu_cap_ok[i]:
-            cap_cpu = int(state.node_cpu_cap[v])
-            put(i, ("cpu-cap", cap_cpu), f"node has {cap_cpu}m allocatable CPU, the pod asks {req.cpu_milli}m", True)
-            continue
-        if not mem_cap_ok[i]:
-            cap_mem = int(state.node_mem_cap[v])
-            put(i, ("mem-cap", cap_mem), f"node has {cap_mem} MiB allocatable memory, the pod asks "
-                                         f"{req.memory_mib} MiB", True)
-            continue
-        if need and not gpu_ok[i]:
-            row_real = real[i]
-            if not row_real.any():
-                put(i, ("no-gpus",), "node has no GPUs advertising slices", True)
-                continue
-            if static_n[i] < (m if multi else 1):
-                present = {int(x) for x in kind[i][row_real]}
-                if multi:
-                    whole = int((row_real & kind_ok[i] & (cap[i] == s)).sum())
-                    put(i, ("multi", whole, tuple(sorted(present))),
-                        f"a {req.total_slices}-slice pod needs {m} whole-mode GPUs of {s} slices (more than one "
-                        f"GPU is given only as whole GPUs), and the node has {whole} (modes here: "
-                        f"{_kinds_text(present)})",
-                        True)
-                elif not (row_real & iso_ok[i]).any():
-                    want = "MIG instances" if req.isolation == "mig" else "MPS GPUs"
-                    put(i, ("iso", req.isolation, tuple(sorted(present))),
-                        f"pod asks {req.isolation} isolation and the node has no {want} (modes here: "
-                        f"{_kinds_text(present)})", True)
-                elif not (row_real & iso_ok[i] & size_ok[i]).any():
-                    mig_sizes = sorted({int(c) for c, kd in zip(cap[i], kind[i], strict=True) if kd == KIND_MIG})
-                    parts = []
-                    if mig_sizes:
-                        name = state.products[int(state.node_product[v])]
-                        profiles = _profile_sizes(name)
-                        if profiles and k not in profiles:
-                            parts.append(f"no MIG profile of {name} has {k} compute slices (profiles: "
-                                         f"{', '.join(map(str, profiles))})")
-                        else:
-                            parts.append(f"no MIG instance here has {k} compute slices (instances here: "
-                                         f"{', '.join(map(str, mig_sizes))}; the layout would have to change)")
-                    if (kind[i] == KIND_WHOLE).any():
-                        parts.append(f"whole-mode GPUs are given only whole ({s} slices)")
-                    put(i, ("size", k, tuple(mig_sizes), int(state.node_product[v])),
-                        f"no GPU here can take exactly {k} slices: {', and '.join(parts)}", True)
-                else:
-                    fitting = row_real & iso_ok[i] & size_ok[i]
-                    best = int(share[i][fitting].max()) if fitting.any() else 0
-                    put(i, ("memory", k, best),
-                        f"no GPU or MIG instance here gives {format_mib(req.gpu_memory_mib)} of GPU memory to a "
-                        f"{k}-slice pod (at most {format_mib(best)} here)", True)
-                continue
-            # Could fit an empty node: what is in use, cordoned or the owner rule stands in the way.
-            need_n = m if multi else 1
-            if int(usable_ok[i].sum()) < need_n and int(free_ok[i].sum()) >= need_n:
-                blocked = sorted({int(g) for g in state.unit_gpu_index[nu[i]][free_ok[i] & ~usable[i]]})
-                listed = ", ".join(map(str, blocked))
-                put(i, ("cordon", listed), f"GPU {listed} could take the pod but "
-                                           f"{'is' if len(blocked) == 1 else 'are'} unhealthy or cordoned")
-            elif req.owner and int((usable_ok[i] & ~owner_blocked[i]).sum()) < need_n <= int(usable_ok[i].sum()):
-                put(i, ("owner", req.owner), f"every fitting GPU already runs a pod of {req.owner} "
-                                             "(owner-spread rule)")
-            elif multi:
-                got = int(usable_ok[i].sum())
-                put(i, ("busy-multi", got), f"slices in use: {got} of the {m} whole GPUs needed are free")
+                blocked = mark[nu]
+        gpu_bad = ~fit.gpu[rows]
+        kinds_mask = ((kind == KIND_MPS).any(axis=1) * 1 + (kind == KIND_WHOLE).any(axis=1) * 2
+                      + (kind == KIND_MIG).any(axis=1) * 4)
+        assign(gpu_bad & ~real.any(axis=1), NO_GPUS)
+        short = gpu_bad & (static.sum(axis=1) < need)
+        if multi:
+            whole = (real & kind_ok & (cap == s)).sum(axis=1)
+            assign(short, MULTI, whole, kinds_mask)
+        assign(short & ~(real & iso_ok).any(axis=1), ISOLATION, 0, kinds_mask)
+        mig_sizes = np.bitwise_or.reduce(np.where(kind == KIND_MIG, np.left_shift(1, np.minimum(cap, 62)), 0),
+                                         axis=1)
+        has_whole = (kind == KIND_WHOLE).any(axis=1)
+        assign(short & ~(real & iso_ok & size_ok).any(axis=1), SIZE, mig_sizes, has_whole, state.node_product[rows])
+        fitting = real & iso_ok & size_ok
+        best = np.where(fitting, share, -1).max(axis=1)
+        assign(short, MEMORY, np.maximum(best, 0))
+        n_usable = usable_ok.sum(axis=1)
+        n_free = free_ok.sum(axis=1)
+        gpu_index_bits = np.where(free_ok & ~usable, np.left_shift(1, np.minimum(state.unit_gpu_index[nu], 62)), 0)
+        assign(gpu_bad & (n_usable < need) & (n_free >= need), CORDON, np.bitwise_or.reduce(gpu_index_bits, axis=1))
+        if req.owner:
+            assign(gpu_bad & ((usable_ok & ~blocked).sum(axis=1) < need) & (n_usable >= need), OWNER)
+        if multi:
+            assign(gpu_bad, BUSY_MULTI, n_usable)
+        else:
+            mps_static = static & (kind == KIND_MPS)
+            most = np.where(mps_static, free, -1).max(axis=1)
+            assign(gpu_bad & mps_static.any(axis=1), BUSY_MPS, np.maximum(most, 0))
+            assign(gpu_bad & (static & (kind == KIND_MIG)).any(axis=1), BUSY_MIG)
+            assign(gpu_bad, BUSY_WHOLE)
+    assign(~fit.cpu[rows], CPU, state.node_cpu_free[rows])
+    assign(~fit.memory[rows], MEM, state.node_mem_free[rows])
+    keys = np.stack([code, p1, p2, p3], axis=1)
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    words = [_word(state, req, *map(int, row)) for row in uniq]
+    texts = tuple(words[j] for j in inverse.reshape(-1).tolist())
+    return Explained(rows, texts, code < HARD)
+
+
+def _word(state: ClusterState, req: PackRequest, code: int, a: int, b: int, c: int) -> str:
+    """The operator's sentence for one cause and its numbers."""
+    s = state.slices_per_gpu
+    k = req.slices
+    if code == GONE:
+        return "node was removed"
+    if code == PRODUCT:
+        product = state.products[a]
+        return (f"GPU product {product or 'none'} is not among the pod's allowed products "
+                f"({', '.join(sorted(req.products or ()))})")
+    if code == CPU_CAP:
+        return f"node has {a}m allocatable CPU, the pod asks {req.cpu_milli}m"
+    if code == MEM_CAP:
+        return f"node has {a} MiB allocatable memory, the pod asks {req.memory_mib} MiB"
+    if code == NO_GPUS:
+        return "node has no GPUs advertising slices"
+    if code == MULTI:
+        return (f"a {req.total_slices}-slice pod needs {req.gpus} whole-mode GPUs of {s} slices (more than one "
+                f"GPU is given only as whole GPUs), and the node has {a} (modes here: "
+                f"{_kinds_text(_bits(b, _KIND_BITS))})")
+    if code == ISOLATION:
+        want = "MIG instances" if req.isolation == "mig" else "MPS GPUs"
+        return (f"pod asks {req.isolation} isolation and the node has no {want} (modes here: "
+                f"{_kinds_text(_bits(b, _KIND_BITS))})")
+    if code == SIZE:
+        mig_sizes = [x for x in range(63) if a & (1 << x)]
+        parts = []
+        if mig_sizes:
+            name = state.products[c]
+            profiles = _profile_sizes(name)
+            if profiles and k not in profiles:
+                parts.append(f"no MIG profile of {name} has {k} compute slices (profiles: "
+                             f"{', '.join(map(str, profiles))})")
             else:
-                st = static[i]
-                if (kind[i][st] == KIND_MPS).any():
-                    most = int(free[i][st & (kind[i] == KIND_MPS)].max())
-                    put(i, ("busy-mps", most), f"slices in use: no fitting GPU has {k} free slices (at most {most} "
-                                               f"of {s} free)")
-                elif (kind[i][st] == KIND_MIG).any():
-                    put(i, ("busy-mig",), f"slices in use: every fitting {k}-slice MIG instance here is taken")
-                else:
-                    put(i, ("busy-whole",), "slices in use: every fitting whole GPU here is taken")
-            continue
-        if not fit.cpu[v]:
-            put(i, ("cpu", int(state.node_cpu_free[v])), f"insufficient cpu: pod asks {req.cpu_milli}m, node has "
-                                                       f"{int(state.node_cpu_free[v])}m free")
-            continue
-        if not fit.memory[v]:
-            put(i, ("mem", int(state.node_mem_free[v])), f"insufficient memory: pod asks {req.memory_mib} MiB, node "
-                                                       f"has {int(state.node_mem_free[v])} MiB free")
-            continue
-        put(i, ("ok",), "")
-    return Explained(rows, tuple(texts), unres)
+                parts.append(f"no MIG instance here has {k} compute slices (instances here: "
+                             f"{', '.join(map(str, mig_sizes))}; the layout would have to change)")
+        if b:
+            parts.append(f"whole-mode GPUs are given only whole ({s} slices)")
+        return f"no GPU here can take exactly {k} slices: {', and '.join(parts)}"
+    if code == MEMORY:
+        return (f"no GPU or MIG instance here gives {format_mib(req.gpu_memory_mib)} of GPU memory to a "
+                f"{k}-slice pod (at most {format_mib(a)} here)")
+    if code == CORDON:
+        blocked = [x for x in range(63) if a & (1 << x)]
+        listed = ", ".join(map(str, blocked))
+        return f"GPU {listed} could take the pod but {'is' if len(blocked) == 1 else 'are'} unhealthy or cordoned"
+    if code == OWNER:
+        return f"every fitting GPU already runs a pod of {req.owner} (owner-spread rule)"
+    if code == BUSY_MULTI:
+        return f"slices in use: {a} of the {req.gpus} whole GPUs needed are free"
+    if code == BUSY_MPS:
+        return f"slices in use: no fitting GPU has {k} free slices (at most {a} of {s} free)"
+    if code == BUSY_MIG:
+        return f"slices in use: every fitting {k}-slice MIG instance here is taken"
+    if code == BUSY_WHOLE:
+        return "slices in use: every fitting whole GPU here is taken"
+    if code == CPU:
+        return f"insufficient cpu: pod asks {req.cpu_milli}m, node has {a}m free"
+    if code == MEM:
+        return f"insufficient memory: pod asks {req.memory_mib} MiB, node has {a} MiB free"
+    return ""

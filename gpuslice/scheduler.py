@@ -298,17 +298,20 @@ class Scheduler:
 
     def _rows(self, names: Sequence[str]) -> tuple[list[int], dict[str, str], dict[str, str]]:
         view = self._view()
-        rows: list[int] = []
+        index = self.state.node_index  # live nodes with slices; the others are looked up one by one
+        found = [index.get(name, -1) for name in names]
+        rows = [v for v in found if v >= 0]
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        for name in names:
-            err = view.node_error(name)
-            if err is None:
-                failed[name] = UNKNOWN_NODE
-            elif err:
-                unresolvable[name] = err
-            else:
-                rows.append(view.node_row(name))
+        if len(rows) < len(found):
+            for name, v in zip(names, found, strict=True):
+                if v >= 0:
+                    continue
+                err = view.node_error(name)
+                if err is None:
+                    failed[name] = UNKNOWN_NODE
+                else:
+                    unresolvable[name] = err or f"node {name} has no slices"
         return rows, failed, unresolvable
 
     def filter(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float) -> FilterResult:
@@ -344,8 +347,8 @@ class Scheduler:
             return [(name, 0) for name in node_names]
         if req is None:
             return [(name, 0) for name in node_names]
-        view = self._view()
-        known = [(i, view.node_row(n)) for i, n in enumerate(node_names) if view.node_row(n) >= 0]
+        index = self.state.node_index
+        known = [(i, v) for i, v in enumerate(index.get(n, -1) for n in node_names) if v >= 0]
         out = [0] * len(node_names)
         if known:
             scores = self.prioritize_request(req, np.array([r for _, r in known], dtype=np.int64), now)

@@ -30,11 +30,14 @@ from gpuslice.errors import GpuSliceError
 from gpuslice.model import Gpu, NodeInventory
 from gpuslice.nodes import NodeInfo, project_node
 from gpuslice.packing.build import units_of
-from gpuslice.packing.state import KIND_MPS, POD_CLASSES, ClusterState, UnitSpec
+from gpuslice.packing.state import KIND_MPS, POD_CLASSES, ClusterState, NodeSpec, UnitSpec
 from gpuslice.pods import PodInfo, project
 from gpuslice.requests import Isolation
 from gpuslice.reservations import DEFAULT_TTL_S, Reservation, Reservations
 from gpuslice.rules import DEFAULT_MEMORY_TOLERANCE
+
+#: More new nodes than this in one relist: build the state in one go rather than node by node.
+BULK_NODES = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,15 +175,30 @@ class ClusterView:
             self._maybe_compact()
 
     def replace_nodes(self, nodes: Iterable[Mapping[str, Any]]) -> None:
-        """A relist: the nodes listed are all there is."""
+        """A relist: the nodes listed are all there is. Known nodes are updated in place; when many
+        nodes are new (the first list, a large scale-up) the state is built in one go instead."""
         seen: set[str] = set()
+        fresh: list[NodeInfo] = []
         for node in nodes:
             try:
-                seen.add(self.upsert_node(node))
+                meta = node.get("metadata") if isinstance(node, Mapping) else None
+                name = meta.get("name") if isinstance(meta, Mapping) else None
+                if isinstance(name, str) and name and name not in self.nodes and name not in seen:
+                    fresh.append(project_node(node, config=self.config))
+                    seen.add(name)
+                else:
+                    seen.add(self.upsert_node(node))
             except GpuSliceError:
                 continue  # a node without a name cannot be placed on or named
         for name in [n for n in self.nodes if n not in seen]:
             self.remove_node(name)
+        if len(fresh) > BULK_NODES:
+            for info in fresh:
+                self.nodes[info.name] = _Node(info)
+            self.rebuild()
+        else:
+            for info in fresh:
+                self._put_node(info)
 
     def _put_node(self, info: NodeInfo) -> None:
         old = self.nodes.get(info.name)
@@ -267,14 +285,24 @@ class ClusterView:
             self.rebuild()
 
     def rebuild(self) -> None:
-        """A fresh state from what the view holds (reclaims retired rows; results are the same)."""
-        self.state = self._empty_state()
+        """A fresh state from what the view holds, built in one go (reclaims retired rows; the
+        decisions are the same). A relist that brings many new nodes lands here too."""
+        specs: list[NodeSpec] = []
+        units: list[UnitSpec] = []
+        per_node: list[tuple[_Node, list[UnitSpec]]] = []
         for n in self.nodes.values():
             n.row, n.owners = -1, Counter()
             if n.info.inventory is not None and not n.info.error:
-                units = self._units(n.info.inventory)
-                n.row = self.state.add_node(n.info.spec, units)
-                self._index_rows(n, units)
+                mine = self._units(n.info.inventory)
+                v = len(specs)
+                specs.append(n.info.spec)
+                units.extend(replace(u, node=v) for u in mine)
+                per_node.append((n, mine))
+        self.state = ClusterState(specs, units, slices_per_gpu=self.settings.slices_per_gpu,
+                                  memory_tolerance=self.settings.memory_tolerance)
+        for v, (n, mine) in enumerate(per_node):
+            n.row = v
+            self._index_rows(n, mine)
         for name in self.nodes:
             self._recompute(name)
 
