@@ -25,7 +25,7 @@ from gpuslice.errors import GpuSliceError, InventoryError
 from gpuslice.kubelist import with_cordon
 from gpuslice.model import Gpu, NodeInventory
 from gpuslice.packing.state import NodeSpec
-from gpuslice.pods import in_range
+from gpuslice.pods import expect_object, in_range
 from gpuslice.units import MIB, parse_quantity
 
 SPOT_VALUES = frozenset({"spot", "preemptible", "true"})
@@ -46,11 +46,7 @@ class NodeInfo:
 
 
 def _obj(value: object, where: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise InventoryError(f"{where} must be an object, got {type(value).__name__}")
-    return value
+    return expect_object(value, where, InventoryError)
 
 
 def capacity_type(labels: Mapping[str, Any]) -> str:

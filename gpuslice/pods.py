@@ -30,12 +30,17 @@ from gpuslice.units import MIB, parse_quantity
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
-def _obj(value: object, where: str) -> Mapping[str, Any]:
+def expect_object(value: object, where: str, error: type[GpuSliceError] = RequestError) -> Mapping[str, Any]:
+    """``value`` as an object (absent = empty), else ``error`` naming ``where``: one check for pods and nodes."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise RequestError(f"{where} must be an object, got {type(value).__name__}")
+        raise error(f"{where} must be an object, got {type(value).__name__}")
     return value
+
+
+def _obj(value: object, where: str) -> Mapping[str, Any]:
+    return expect_object(value, where)
 
 
 def _list(value: object, where: str) -> list[Any]:
