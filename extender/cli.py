@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from extender.errors import ExtenderError
@@ -214,6 +216,10 @@ class Service:
             t.join(timeout=5)
 
 
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -235,8 +241,14 @@ def run(args: argparse.Namespace) -> int:
     log.info("gpu-slice extender on %s://%s:%d (lease %s/%s, fencing %s)", "https" if settings.tls_cert else "http",
              settings.address, settings.port, settings.lease_namespace, settings.lease_name,
              "on" if settings.fencing else "off")
+    # uvicorn drains on SIGTERM, then raises it again for the handler found at start: make that one
+    # leave through the finally below (stopping the service, exit 0) instead of killing the process.
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main else None
     try:
         server.run()
     finally:
         service.stop()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0

@@ -13,6 +13,7 @@ import logging
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,9 @@ from gpuslice.view import ClusterView
 log = logging.getLogger("gpu_slice.extender")
 
 Obj = dict[str, Any]
+
+#: How many pod UIDs the extender remembers having shown to the learning policies (oldest forgotten).
+MAX_LEARNED = 1 << 16
 
 
 def reason_code(text: str) -> str:
@@ -75,6 +79,7 @@ class Extender:
         self.sched = Scheduler.from_config(self.view, config)
         self.synced: set[str] = set()
         self.warmed = False
+        self._learned: OrderedDict[str, None] = OrderedDict()  # UIDs the policies have observed
         self._binding: dict[str, threading.Lock] = {}
         self.policy_label = re.sub(r"[^a-z0-9_]+", "_", self.sched.policy.name.lower()).strip("_")[:40] or "policy"
 
@@ -118,7 +123,10 @@ class Extender:
         """Once both kinds have synced: the default policy learns from the pods already placed."""
         if self.warmed or self.synced != {"Node", "Pod"}:
             return
-        n = self.sched.warm_start(pods_as_requests(self.view, owner_spread=self.sched.owner_spread))
+        placed = pods_as_requests(self.view, owner_spread=self.sched.owner_spread)
+        n = self.sched.warm_start(placed)
+        for req in placed:
+            self._remember(req.uid)
         self.warmed = True
         log.info("synced: %d nodes, %d pods; policies warm-started from %d placed pods", len(self.view.nodes),
                  len(self.view.pods), n)
@@ -126,6 +134,25 @@ class Extender:
     @property
     def ready(self) -> bool:
         return self.synced == {"Node", "Pod"}
+
+    def _remember(self, uid: str) -> None:
+        self._learned[uid] = None
+        if len(self._learned) > MAX_LEARNED:
+            self._learned.popitem(last=False)
+
+    def _learn(self, pod: Mapping[str, Any]) -> None:
+        """A pod's first filter: the learning policies observe it once before it is scored, as the
+        simulator observes each arriving pod (kube-scheduler filters a pod again on every retry)."""
+        uid = (pod.get("metadata") or {}).get("uid")
+        if not isinstance(uid, str) or not uid or uid in self._learned:
+            return
+        try:
+            _, req = self.sched.request_of(pod)
+        except GpuSliceError:
+            return  # the filter answers with the error
+        if req is not None:
+            self.sched.observe(req)
+            self._remember(uid)
 
     # ----- signals --------------------------------------------------------------------------------
     def apply_signals(self, snap: SignalSnapshot) -> None:
@@ -164,6 +191,7 @@ class Extender:
         if isinstance(self.binder, MemoryBinder):
             self.binder.learn(args.pod)
         with self.lock:
+            self._learn(args.pod)
             res = self.sched.filter(args.pod, args.candidates, self.clock())
             self.metrics.set_reservations(len(self.view.reservations))
         if res.error:
@@ -252,8 +280,11 @@ class Extender:
         if unclear(err):
             try:
                 pod = self.binder.read_pod(ns, name)
-            except KubeApiError:
-                pod = None
+            except KubeApiError as read_err:
+                # Still unclear: the Binding may have taken effect, so the assignment stays (unbound, it
+                # holds its slices only until its reservation time is up); the scheduler retries the bind.
+                return wire.BindingResult(f"bind {ns}/{name} to {node}: {err}; the outcome is unknown "
+                                          f"(reading the pod back failed: {read_err})")
             if pod is not None and (pod.get("spec") or {}).get("nodeName") == node:
                 with self.lock:
                     self.view.upsert_pod(pod, self.clock())
