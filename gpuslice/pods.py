@@ -177,6 +177,7 @@ class PodInfo:
     created: str
     counted: Mapping[str, Any]  # the minimal pod mapping the counting rule reads
     error: str = ""  # why the slice request could not be read ("" when fine)
+    resource_version: str = ""  # the API server's version of the object: an unchanged pod is not read again
 
     @property
     def terminal(self) -> bool:
@@ -232,4 +233,5 @@ def project(pod: Mapping[str, Any], *, isolation_default: Isolation = "any") -> 
         "status": {"phase": phase},
     }
     return PodInfo(uid, label, node, phase, priority, owner, cpu, mem, products, request,
-                   created if isinstance(created, str) else "", counted, error)
+                   created if isinstance(created, str) else "", counted, error,
+                   rv if isinstance(rv := meta.get("resourceVersion"), str) else "")

@@ -39,7 +39,7 @@ from gpuslice.placement import Placement
 from gpuslice.pods import PodInfo, project
 from gpuslice.policies.base import PolicyContext
 from gpuslice.policies.registry import Weighted, resolve
-from gpuslice.reasons import explain
+from gpuslice.reasons import Explained, explain
 from gpuslice.requests import SliceRequest
 from gpuslice.reservations import DEFAULT_TTL_S, Reservation, Reservations
 from gpuslice.rules import mps_share_mib
@@ -220,10 +220,15 @@ class Scheduler:
         return tuple(out)
 
     def filter_request(self, req: PackRequest, rows: I64 | None, now: float, *, reserve: bool = True,
-                       explain_refused: bool = True) -> tuple[NodeBest, Ranked, dict[int, tuple[str, bool]]]:
+                       explain_refused: bool = True) -> tuple[NodeBest, Ranked, Explained | None]:
         """The narrowed filter over node ``rows`` (None = every node): the chosen nodes, the ranking,
-        and per refused row (reason, unresolvable). Reserves the first node's best placement."""
+        and the refused rows with their reasons. Reserves the first node's best placement.
+
+        A pod filtered again (kube-scheduler retries after a refused bind) gives up its earlier
+        reservation first, so it is never refused for the slices it holds itself."""
         self.cluster.expire(now)
+        if reserve and req.uid:
+            self.cluster.release(req.uid)
         st = self.state
         mask: NDArray[np.bool_] | None = None
         if rows is not None:
@@ -235,12 +240,11 @@ class Scheduler:
             i = int(chosen.index[0])
             self.cluster.hold(self.reservation_for(req, int(ranked.cands.node[i]), ranked.cands.units[i].tolist(),
                                                    now))
-        refused: dict[int, tuple[str, bool]] = {}
+        refused: Explained | None = None
         if explain_refused:
-            pool = np.flatnonzero(mask) if mask is not None else np.arange(st.n_nodes)
+            pool = np.flatnonzero(mask) if mask is not None else np.flatnonzero(st.node_alive)
             bad = pool[~ranked.fit.feasible[pool]]
-            ex = explain(st, req, ranked.fit, bad.astype(np.int64))
-            refused = {int(v): (t, bool(u)) for v, t, u in zip(ex.rows, ex.texts, ex.unresolvable, strict=True)}
+            refused = explain(st, req, ranked.fit, bad.astype(np.int64))
         return chosen, ranked, refused
 
     def prioritize_request(self, req: PackRequest, rows: I64, now: float) -> I64:
@@ -323,19 +327,19 @@ class Scheduler:
         if req is None:  # not ours to place: every node passes
             return FilterResult(feasible=tuple(node_names))
         rows, failed, unresolvable = self._rows(node_names)
-        chosen, _, refused = self.filter_request(req, np.array(rows, dtype=np.int64), now)
+        row_arr = np.array(rows, dtype=np.int64)
+        chosen, ranked, refused = self.filter_request(req, row_arr, now)
         st = self.state
-        feasible = tuple(st.node_names[int(v)] for v in chosen.node)
-        picked = set(int(v) for v in chosen.node)
-        for v in rows:
-            name = st.node_names[v]
-            if v in picked:
-                continue
-            if v in refused:
-                text, hard = refused[v]
-                (unresolvable if hard else failed)[name] = text
-            else:
-                failed[name] = NARROWED_OUT
+        names = st.node_names
+        feasible = tuple(names[int(v)] for v in chosen.node)
+        if refused is not None and refused.rows.shape[0]:
+            hard = refused.unresolvable.tolist()
+            for v, text, h in zip(refused.rows.tolist(), refused.texts, hard, strict=True):
+                (unresolvable if h else failed)[names[v]] = text
+        passed = row_arr[ranked.fit.feasible[row_arr]] if row_arr.shape[0] else row_arr
+        if passed.shape[0] > chosen.node.shape[0]:
+            out = passed[~np.isin(passed, chosen.node)]
+            failed.update(dict.fromkeys((names[v] for v in out.tolist()), NARROWED_OUT))
         res = self.cluster.reservations.get(req.uid)
         return FilterResult(feasible, failed, unresolvable, res)
 

@@ -291,19 +291,19 @@ class ClusterView:
         units: list[UnitSpec] = []
         per_node: list[tuple[_Node, list[UnitSpec]]] = []
         for n in self.nodes.values():
-            n.row, n.owners = -1, Counter()
+            n.row, n.owners, n.held, n.holdings, n.problems = -1, Counter(), {}, None, ()
             if n.info.inventory is not None and not n.info.error:
-                mine = self._units(n.info.inventory)
-                v = len(specs)
+                mine = sorted(units_of(len(specs), n.info.inventory.with_used(())), key=lambda u: u.gpu_index)
                 specs.append(n.info.spec)
-                units.extend(replace(u, node=v) for u in mine)
+                units.extend(mine)
                 per_node.append((n, mine))
         self.state = ClusterState(specs, units, slices_per_gpu=self.settings.slices_per_gpu,
                                   memory_tolerance=self.settings.memory_tolerance)
         for v, (n, mine) in enumerate(per_node):
             n.row = v
             self._index_rows(n, mine)
-        for name in self.nodes:
+        # A node with no pods and no reservations is as built: nothing in use.
+        for name in set(self.by_node) | set(self.reserved_on):
             self._recompute(name)
 
     # ----- pod events -------------------------------------------------------------------------
@@ -323,10 +323,20 @@ class ClusterView:
             self._recompute(name)
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]], now: float) -> None:
-        """A relist: the pods listed are all there is. Nodes are recomputed once each at the end."""
+        """A relist: the pods listed are all there is. A pod whose resourceVersion is unchanged keeps
+        its projection; nodes whose pods changed are recomputed once each at the end."""
         old = self.pods
+        before = set(self.by_node)
         self.pods, self.by_node, self.pod_errors, self._expiry = {}, {}, {}, []
         for pod in pods:
+            meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+            uid = meta.get("uid") if isinstance(meta, Mapping) else None
+            rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+            prev = old.get(uid) if isinstance(uid, str) else None
+            if (prev is not None and isinstance(rv, str) and rv and prev.info.resource_version == rv
+                    and (prev.claim is None or prev.claim.bound)):
+                self._register(prev)
+                continue
             try:
                 info = project(pod, isolation_default=self.settings.isolation_default)
             except GpuSliceError:
@@ -334,7 +344,7 @@ class ClusterView:
             self._index(info, now)
             self._supersede(info)
         del old
-        for name in self.nodes:
+        for name in before | set(self.by_node) | set(self.reserved_on):
             self._recompute(name)
 
     def put_pod(self, info: PodInfo, now: float) -> None:
@@ -373,11 +383,15 @@ class ClusterView:
             claim, problem, concerns = prev.claim, None, prev.concerns
         else:
             claim, problem, concerns = claim_of(info.counted, now=_to_datetime(now), reservation_ttl=self._ttl)
-        p = _Pod(info, claim, problem, concerns)
+        return self._register(_Pod(info, claim, problem, concerns))
+
+    def _register(self, p: _Pod) -> set[str]:
+        """File a pod under the nodes it concerns (and its expiry, when it is an unbound claim)."""
+        info, claim = p.info, p.claim
         self.pods[info.uid] = p
         if info.error:
             self.pod_errors[info.uid] = info.error
-        touched = {x for x in (info.node, claim.node if claim else "", concerns) if x}
+        touched = {x for x in (info.node, claim.node if claim else "", p.concerns) if x}
         for name in touched:
             self.by_node.setdefault(name, set()).add(info.uid)
         if claim is not None and not claim.bound and claim.assignment is not None:

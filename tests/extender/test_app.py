@@ -403,11 +403,6 @@ def test_bind_to_an_unknown_node_or_an_unknown_pod_is_an_error_result(client: Te
     assert ok_json(post(client, "bind", bind_body("p1", "gpu-b"))) == {"Error": ""}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core bug (gpuslice.scheduler.Scheduler.filter_request): a pod filtered again (kube-scheduler retries "
-    "after a failed bind or another plugin's refusal) competes with its own reservation, so it is moved off "
-    "the node it was given, and the refusal text, computed after the new hold, is self-contradictory "
-    "('no fitting GPU has 2 free slices (at most 2 of 7 free)')"))
 def test_filtering_the_same_pod_again_keeps_its_node() -> None:
     with TestClient(build_app(static_extender(small_cluster()))) as c:
         body = filter_names(pod_json("p1", 2), ["gpu-a", "gpu-b"])
