@@ -110,6 +110,8 @@ def build_app(ext: Extender, *, max_body: int = DEFAULT_MAX_BODY,
         return Response(f"not ready: {why}\n", status_code=503, media_type="text/plain")
 
     async def metrics(_: Request) -> Response:
+        ext.metrics.set_slices(ext.slice_rows())
+        ext.metrics.set_reservations(len(ext.view.reservations))
         body, content_type = ext.metrics.render()
         return Response(body, media_type=content_type)
 

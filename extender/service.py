@@ -80,7 +80,8 @@ class Extender:
         self.synced: set[str] = set()
         self.warmed = False
         self._learned: OrderedDict[str, None] = OrderedDict()  # UIDs the policies have observed
-        self._binding: dict[str, threading.Lock] = {}
+        self._binding: dict[str, list[Any]] = {}  # pod UID -> [lock, callers]
+        self._binding_guard = threading.Lock()
         self.policy_label = re.sub(r"[^a-z0-9_]+", "_", self.sched.policy.name.lower()).strip("_")[:40] or "policy"
 
     # ----- the informer's handler -------------------------------------------------------------
@@ -154,6 +155,25 @@ class Extender:
             self.sched.observe(req)
             self._remember(uid)
 
+    def slice_rows(self) -> list[tuple[str, str, int, int]]:
+        """(node, GPU, slices advertised, slices used) per live GPU, for the slice gauges."""
+        with self.lock:
+            st = self.view.state
+            n = st.n_units
+            attached = np.zeros(n + 1, dtype=bool)
+            attached[st.node_units[st.node_alive]] = True  # retired rows are in no live node's positions
+            live = np.flatnonzero(attached[:n])
+            if live.shape[0] == 0:
+                return []
+            gid = st.unit_gpu_id[live]
+            used = np.bincount(gid, weights=(st.unit_cap[live] - st.unit_free[live]), minlength=st.n_gpus)
+            total = np.bincount(gid, weights=st.unit_cap[live], minlength=st.n_gpus)
+            first: dict[int, int] = {}
+            for u, g in zip(live.tolist(), gid.tolist(), strict=True):
+                first.setdefault(g, u)
+            return [(st.node_names[int(st.unit_node[u])], st.unit_gpu[u], int(total[g]), int(used[g]))
+                    for g, u in first.items()]
+
     # ----- signals --------------------------------------------------------------------------------
     def apply_signals(self, snap: SignalSnapshot) -> None:
         """Live node prices into the state, DCGM activity into the utilization policy's memory."""
@@ -219,12 +239,17 @@ class Extender:
 
     def bind(self, args: wire.ExtenderBindingArgs) -> wire.BindingResult:
         """Fencing, the reserved placement, the same-size rule, assignment, then the Binding."""
-        lock = self._binding.setdefault(args.pod_uid, threading.Lock())
-        with lock:
-            try:
+        with self._binding_guard:  # one lock per pod UID, dropped when its last caller leaves
+            entry = self._binding.setdefault(args.pod_uid, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
                 return self._bind(args)
-            finally:
-                self._binding.pop(args.pod_uid, None)
+        finally:
+            with self._binding_guard:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    self._binding.pop(args.pod_uid, None)
 
     def _bind(self, args: wire.ExtenderBindingArgs) -> wire.BindingResult:
         ns, name, uid, node = args.pod_namespace, args.pod_name, args.pod_uid, args.node
@@ -276,15 +301,19 @@ class Extender:
         return wire.BindingResult()
 
     def _after_failed_write(self, ns: str, name: str, uid: str, node: str, err: KubeApiError) -> wire.BindingResult:
-        """An unclear error: bound means success; otherwise take the assignment back and release."""
-        if unclear(err):
+        """Bound (by this call or an earlier one: a 409 "already assigned" to this node) means success;
+        an unclear error that cannot be checked keeps the assignment; otherwise undo and release."""
+        if unclear(err) or err.status == 409:
             try:
                 pod = self.binder.read_pod(ns, name)
             except KubeApiError as read_err:
-                # Still unclear: the Binding may have taken effect, so the assignment stays (unbound, it
-                # holds its slices only until its reservation time is up); the scheduler retries the bind.
-                return wire.BindingResult(f"bind {ns}/{name} to {node}: {err}; the outcome is unknown "
-                                          f"(reading the pod back failed: {read_err})")
+                if not unclear(err):
+                    pod = None
+                else:
+                    # Still unclear: the Binding may have taken effect, so the assignment stays (unbound,
+                    # it holds its slices only until its reservation time is up); the scheduler retries.
+                    return wire.BindingResult(f"bind {ns}/{name} to {node}: {err}; the outcome is unknown "
+                                              f"(reading the pod back failed: {read_err})")
             if pod is not None and (pod.get("spec") or {}).get("nodeName") == node:
                 with self.lock:
                     self.view.upsert_pod(pod, self.clock())

@@ -537,3 +537,27 @@ def test_the_dry_run_binder_refuses_what_the_api_server_would() -> None:
         binder.bind(NS, "p1", "uid-p1", "gpu-b")
     assert err.value.status == 409 and "already assigned to node gpu-a" in str(err.value)
     assert binder.binds == [(NS, "p1", "gpu-a")]
+
+
+class _RacingBinder(MemoryBinder):
+    """A binder whose Binding is refused with 409 because another call already bound the pod there."""
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        super().bind(namespace, name, uid, node)
+        raise KubeApiError(f'pod {name} is already assigned to node "{node}"', 409)
+
+
+def test_a_409_already_assigned_to_the_same_node_is_success() -> None:
+    from tests.extender.test_app import Clock, pod_obj, small_cluster
+
+    items = small_cluster()
+    pod = pod_obj("p1", 1)
+    ext = Extender(default_config(), _RacingBinder([i for i in items if i.get("kind") == "Pod"] + [pod]),
+                   clock=Clock())
+    ext.load([*items, pod])
+    chosen = ext.filter(wire.extender_args({"Pod": pod, "NodeNames": ["gpu-a", "gpu-b"], "Nodes": None}))
+    node = chosen.node_names[0] if chosen.node_names else ""
+    meta = pod["metadata"]
+    result = ext.bind(wire.ExtenderBindingArgs(meta["name"], meta["namespace"], meta["uid"], node))
+    assert result.error == ""
+    assert ext.view.pod(meta["uid"]) is not None and ext.view.pod(meta["uid"]).node == node
