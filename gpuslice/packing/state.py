@@ -155,7 +155,7 @@ class ClusterState:
         self.slices_per_gpu = slices_per_gpu
         self.memory_tolerance = memory_tolerance
         self.allow_mps_multi = allow_mps_multi
-        self.node_names: tuple[str, ...] = tuple(x.name for x in nodes)
+        self.node_names: list[str] = [x.name for x in nodes]  # lists: a live cluster appends
         self.node_index: dict[str, int] = {name: i for i, name in enumerate(self.node_names)}
         if len(self.node_index) != n:
             raise PackingError("duplicate node names")
@@ -190,9 +190,8 @@ class ClusterState:
         self.unit_free: I64 = np.array([x.capacity if x.free is None else x.free for x in us] + [-1],
                                        dtype=np.int64)
         self.unit_usable: B = np.array([x.usable for x in us] + [False], dtype=bool)
-        self.unit_gpu: tuple[str, ...] = tuple(x.gpu or f"{self.node_names[x.node]}/gpu{x.gpu_index}"
-                                               for x in us)
-        self.unit_instance: tuple[str, ...] = tuple(x.instance for x in us)
+        self.unit_gpu: list[str] = [x.gpu or f"{self.node_names[x.node]}/gpu{x.gpu_index}" for x in us]
+        self.unit_instance: list[str] = [x.instance for x in us]
         # One integer per physical GPU (node, GPU index); the sentinel row gets -1. The owner-spread
         # rule and GPU-level consolidation work on GPUs, not on units (MIG instances share a GPU).
         gpu_keys: dict[tuple[int, int], int] = {}
@@ -317,7 +316,7 @@ class ClusterState:
         if spec.name in self.node_index:
             raise PackingError(f"node {spec.name} is already in the state")
         v = self.n_nodes
-        self.node_names = (*self.node_names, spec.name)
+        self.node_names.append(spec.name)
         self.node_index[spec.name] = v
         if spec.product not in self.product_index:
             self.products = (*self.products, spec.product)
@@ -481,8 +480,8 @@ class ClusterState:
             self.unit_gpu_id = ins(self.unit_gpu_id, [gpu_ids[x.gpu_index] for x in us])
             self.unit_pos = ins(self.unit_pos, list(range(k)))
             name = self.node_names[v]
-            self.unit_gpu = (*self.unit_gpu, *(x.gpu or f"{name}/gpu{x.gpu_index}" for x in us))
-            self.unit_instance = (*self.unit_instance, *(x.instance for x in us))
+            self.unit_gpu.extend(x.gpu or f"{name}/gpu{x.gpu_index}" for x in us)
+            self.unit_instance.extend(x.instance for x in us)
             caps = np.zeros(len(gpu_ids), dtype=np.int64)
             for x in us:
                 caps[gpu_ids[x.gpu_index] - self.n_gpus] += x.capacity
