@@ -151,7 +151,7 @@ class DevicePluginApp:
             s.plugin_dir, s.endpoint, s.resource_name,
             lambda server: pb_grpc.add_DevicePluginServicer_to_server(servicer, server),
             kubelet_socket=s.kubelet_socket.name, poll_s=s.dir_poll_s, register_timeout_s=s.register_timeout_s,
-            on_registered=self._on_registered)
+            on_registered=self._on_registered, streams=servicer.streams)
         if self.kube is not None and self.book is not None:
             self.stamper = Stamper(self.book, self.podres, s.resource_name,
                                    write=self.kube.client.patch_pod_annotations, event=self._pod_event,

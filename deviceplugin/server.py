@@ -24,6 +24,7 @@ from deviceplugin.allocate import Injector, build_response
 from deviceplugin.assignments import AssignmentBook, Candidate, check_placement, preferred
 from deviceplugin.backend import HealthEvent
 from deviceplugin.errors import DevicePluginError, PlacementRefused
+from deviceplugin.registration import StreamTracker
 from gpuslice.errors import GpuSliceError
 from gpuslice.model import Gpu, NodeInventory
 from gpuslice.placement import Placement
@@ -206,8 +207,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     """The five RPCs; every answer comes from ``PluginState`` in memory."""
 
     def __init__(self, state: PluginState, injector: Injector, *, metrics: RpcObserver | None = None,
-                 on_allocate: Callable[[Placement, Candidate | None], None] | None = None) -> None:
+                 on_allocate: Callable[[Placement, Candidate | None], None] | None = None,
+                 streams: StreamTracker | None = None) -> None:
         self.state = state
+        self.streams = streams if streams is not None else StreamTracker()
+        self._end = asyncio.Event()
         self.injector = injector
         self.metrics: RpcObserver = metrics or _NoMetrics()
         self.on_allocate = on_allocate
@@ -217,6 +221,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         """End every open ListAndWatch stream (the server is going away)."""
         self._stopping.set()
 
+    def end_streams(self) -> None:
+        """End the streams open now (kubelet sees its ListAndWatch end); later ones are served as usual."""
+        self._end.set()
+        self._end = asyncio.Event()
+
     async def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
@@ -225,9 +234,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         last: pb.ListAndWatchResponse | None = None
         generation = -1
         stopping = asyncio.ensure_future(self._stopping.wait())
+        ending = asyncio.ensure_future(self._end.wait())
         change: asyncio.Future[int] | None = None
+        self.streams.open()
         try:
-            while not self._stopping.is_set():
+            while not self._stopping.is_set() and not ending.done():
                 if generation != self.state.generation:
                     generation = self.state.generation
                     current = self.state.device_list()
@@ -235,10 +246,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                         last = current
                         yield current
                 change = asyncio.ensure_future(self.state.wait_change(generation))
-                await asyncio.wait({change, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({change, stopping, ending}, return_when=asyncio.FIRST_COMPLETED)
                 change.cancel()
         finally:
+            self.streams.close()
             stopping.cancel()
+            ending.cancel()
             if change is not None:
                 change.cancel()
 

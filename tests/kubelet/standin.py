@@ -16,6 +16,15 @@ The server side is threaded (``grpc.server``) and the API is synchronous. A plug
 running on an asyncio loop in the same process must not be called from that loop's
 thread: use the ``*_async`` helpers (they run the call in a worker thread).
 
+Registration follows kubelet's ``plugin/v1beta1`` server and handler: a new ``Register`` replaces the
+current client for a resource without closing the old one, and when *any* client's ListAndWatch
+stream ends (``runClient``), whichever client is current for that resource is disconnected (all its
+devices unhealthy). ``drop_stream`` ends the current stream from kubelet's side; ``withhold_streams``
+makes the next registrations open no stream.
+
+Checked against the real kubelet code (``kubelet-dm``, tests/kubelet/test_kubelet_dm.py): registration,
+a dropped stream and the re-registration it needs, kubelet restarts.
+
 Not modelled: the kubelet's general resource-fit predicate (only "resource never
 registered" is refused, with kubelet's message), the 5-minute removal of a resource
 whose plugin went away, the CPU and memory managers, DRA.
@@ -220,6 +229,8 @@ class _Endpoint:
     generation: int
     updates: int = 0
     closed: bool = False
+    stream_ended: bool = False
+    call: grpc.Future | None = None  # the ListAndWatch call (cancellable)
     thread: threading.Thread | None = None
 
 
@@ -318,6 +329,9 @@ class KubeletStandin:
         self._pod_devices: dict[str, dict[str, dict[str, frozenset[str]]]] = {}
         self._pods: dict[str, Pod] = {}  # admitted, not deleted (kubelet's active pods)
         self.registrations: list[Registration] = []
+        self._superseded: list[_Endpoint] = []  # replaced by a newer Register, still streaming
+        self.withhold_streams = 0  # this many next registrations get no ListAndWatch stream (a test hook)
+        self.disconnects: list[tuple[int, int]] = []  # (generation whose stream ended, generation disconnected)
         self.rejected_registrations: list[tuple[dp.RegisterRequest, str]] = []
         self.allocate_calls: list[tuple[str, str, tuple[str, ...]]] = []  # (pod uid, container, ids)
 
@@ -341,7 +355,8 @@ class KubeletStandin:
         with self._lock:
             servers, self._servers = self._servers, []
             self._running = False
-            endpoints = [e for e in self._endpoints.values() if e is not None]
+            endpoints = [e for e in self._endpoints.values() if e is not None] + self._superseded
+            self._superseded = []
             for resource in self._endpoints:
                 self._endpoints[resource] = None
             self._changed.notify_all()
@@ -557,21 +572,27 @@ class KubeletStandin:
                     at=time.monotonic(),
                 )
             )
-            ep.thread = threading.Thread(target=self._watch, args=(ep,), name=f"kubelet-law-{ep.generation}")
-            ep.thread.daemon = True
-            ep.thread.start()
+            if self.withhold_streams > 0:  # a test hook: Register succeeds but no stream is opened
+                self.withhold_streams -= 1
+            else:
+                ep.thread = threading.Thread(target=self._watch, args=(ep,), name=f"kubelet-law-{ep.generation}")
+                ep.thread.daemon = True
+                ep.thread.start()
+            if old is not None:
+                self._superseded.append(old)  # kubelet keeps the old client running: it is not closed
             self._changed.notify_all()
-        if old is not None:
-            self._close_endpoint(old)
         return None
 
     def _watch(self, ep: _Endpoint) -> None:
-        """Keep the latest device list from one endpoint until its stream ends."""
+        """kubelet's client.Run then server.runClient: take every device list the stream sends (from the
+        old client too: kubelet's receiver does not check which client sent it); when the stream ends,
+        disconnect *whichever client is current* for the resource (handler.go runClient)."""
         try:
-            for resp in ep.stub.ListAndWatch(dp.Empty()):
+            call = ep.stub.ListAndWatch(dp.Empty())
+            with self._lock:
+                ep.call = call
+            for resp in call:
                 with self._lock:
-                    if self._endpoints.get(ep.resource) is not ep:
-                        return
                     self._update_devices(ep.resource, resp.devices)
                     ep.updates += 1
                     self._changed.notify_all()
@@ -579,13 +600,32 @@ class KubeletStandin:
             pass
         finally:
             with self._lock:
-                if self._endpoints.get(ep.resource) is ep:
-                    # kubelet's PluginDisconnected: every device turns unhealthy, capacity stays.
-                    res = self._resources[ep.resource]
-                    res.unhealthy |= res.healthy
-                    res.healthy = set()
-                    ep.closed = True
-                    self._changed.notify_all()
+                ep.stream_ended = True
+                current = self._endpoints.get(ep.resource)
+                if current is not None and not current.closed and self._running:
+                    self.disconnects.append((ep.generation, current.generation))
+                    self._disconnect(current)
+                self._changed.notify_all()
+
+    def _disconnect(self, ep: _Endpoint) -> None:
+        """kubelet's disconnectClient: deregister, close the connection, PluginDisconnected (all devices
+        unhealthy, capacity stays until the 5 min grace ends). Called with the lock held."""
+        if self._endpoints.get(ep.resource) is ep:
+            self._endpoints[ep.resource] = None
+        res = self._resources.get(ep.resource)
+        if res is not None:
+            res.unhealthy |= res.healthy
+            res.healthy = set()
+        ep.closed = True
+        ep.channel.close()
+
+    def drop_stream(self, resource: str) -> None:
+        """End the current client's ListAndWatch stream from kubelet's side (a broken connection)."""
+        with self._lock:
+            ep = self._endpoints.get(resource)
+            call = ep.call if ep is not None else None
+        if call is not None:
+            call.cancel()
 
     def _update_devices(self, resource: str, devices: Iterable[dp.Device]) -> None:
         res = _Resource()

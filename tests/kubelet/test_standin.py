@@ -6,7 +6,6 @@ import shutil
 import stat
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
@@ -276,21 +275,33 @@ def test_health_changes_and_plugin_exit(kubelet: KubeletStandin, make_plugin: Ca
     assert state.allocatable == set() and len(state.capacity) == 4  # all unhealthy, capacity kept
 
 
-def test_newer_registration_replaces_the_endpoint(
+def test_newer_registration_replaces_the_endpoint_but_the_old_stream_ending_disconnects_it(
     kubelet: KubeletStandin, make_plugin: Callable[..., DummyPlugin]
 ) -> None:
+    """kubelet (plugin/v1beta1/handler.go runClient): a new Register does not close the old client, and
+    when the old client's stream ends, whichever client is current for the resource is disconnected."""
     old = make_plugin(endpoint="old.sock")
     first = kubelet.wait_for_registration(RESOURCE)
     new = make_plugin(slices(2, "GPU-b::"), endpoint="new.sock")
     second = kubelet.wait_for_registration(RESOURCE, after=first.generation)
     assert second.endpoint == "new.sock"
     assert kubelet.devices(RESOURCE).capacity == {"GPU-b::0", "GPU-b::1"}
-    old.stop()  # the replaced endpoint going away must not spoil the new one
-    time.sleep(0.2)
-    assert kubelet.devices(RESOURCE).allocatable == {"GPU-b::0", "GPU-b::1"}
     (res,) = kubelet.admit([slice_pod("p", 1, created=1)])
     assert res.admitted and res.ids() <= {"GPU-b::0", "GPU-b::1"}
     assert new.called("Allocate") and not old.called("Allocate")
+    old.stop()  # the replaced endpoint's stream ends: the *new* client is disconnected
+    state = kubelet.wait_for_devices(RESOURCE, lambda s: not s.registered)
+    assert state.allocatable == set() and kubelet.disconnects == [(first.generation, second.generation)]
+
+
+def test_dropped_stream_disconnects_the_plugin(
+    kubelet: KubeletStandin, make_plugin: Callable[..., DummyPlugin]
+) -> None:
+    make_plugin()
+    kubelet.wait_for_registration(RESOURCE)
+    kubelet.drop_stream(RESOURCE)
+    state = kubelet.wait_for_devices(RESOURCE, lambda s: not s.registered)
+    assert state.allocatable == set() and len(state.capacity) == 4
 
 
 # ----------------------------------------------------------------------------- admission

