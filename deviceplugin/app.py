@@ -219,14 +219,7 @@ class DevicePluginApp:
 
     def _allocated(self) -> frozenset[str]:
         """Ids in use or promised: admitted, stamped, locally allocated, or pending assignments."""
-        book = self.book
-        if book is None:
-            return frozenset()
-        ids_ = {i for v in book.admitted.values() for i in v}
-        ids_ |= {i for p in book.pods.values() if p.live for i in (p.allocated_ids or ())}
-        ids_ |= {i for p in book.pending() for i in (p.assignment_ids or ())}
-        ids_ |= {i for note in book.local for i in note}
-        return frozenset(ids_)
+        return self.book.held() if self.book is not None else frozenset()
 
     async def _discover(self, *, reconcile: bool = False, quiet: bool = False) -> None:
         """Discover GPUs (and with ``reconcile``, bring them to the config's targets where idle)."""

@@ -202,6 +202,17 @@ class AssignmentBook:
                 leftovers.append(Candidate(pod, sids))
         return own + leftovers[::-1]
 
+    def in_use(self) -> frozenset[str]:
+        """Ids live pods hold or kubelet just gave: admitted (PodResources), stamped, or noted at Allocate."""
+        out = {i for ids_ in self.admitted.values() for i in ids_}
+        out |= {i for p in self.pods.values() if p.live for i in (p.allocated_ids or ())}
+        out |= {i for note in self.local for i in note}
+        return frozenset(out)
+
+    def held(self) -> frozenset[str]:
+        """Ids in use or promised to a pending assignment: what a cordon or a mode change must not take."""
+        return self.in_use() | frozenset(i for p in self.pending() for i in (p.assignment_ids or ()))
+
     def held_by_candidates(self) -> frozenset[str]:
         """Ids reserved for pending assignments: a pod without one must not take them."""
         return frozenset(i for c in self.candidates() for i in c.slice_ids)

@@ -156,10 +156,15 @@ class PluginState:
     def id_health(self) -> list[tuple[str, str, int | None]]:
         """(id, health, NUMA node) for every advertised id, in a stable order.
 
-        Unhealthy: the GPU or its MIG instance is unhealthy. A cordoned GPU's ids are Unhealthy too,
-        so kubelet hands them to no new pod, except ids of pending assignments bound before the cordon.
+        Unhealthy: the GPU or its MIG instance is unhealthy. A cordoned GPU's free ids are Unhealthy
+        too, so kubelet hands them to no new pod; ids that live pods hold (admitted, stamped, just
+        allocated) or that pending assignments were bound to before the cordon stay Healthy. kubelet
+        re-admits a pod after a restart only if its ids are healthy (manager.go devicesToAllocate:
+        "previously allocated devices are no longer healthy"), shows them in ResourceHealthStatus, and
+        counts allocatable from Healthy ids: a cordon must stop new placements and nothing else.
         """
-        keep = self.book.held_by_candidates() if (self.book is not None and self.cordoned) else frozenset()
+        keep = (self.book.held() | self.book.held_by_candidates()) if (self.book is not None and self.cordoned) \
+            else frozenset()
         out: list[tuple[str, str, int | None]] = []
         numa = None
         for gpu in self.inventory().gpus:

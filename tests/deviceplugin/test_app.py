@@ -112,6 +112,15 @@ class Env:
         })
         return uid
 
+    def cordon(self, value: str | None) -> None:
+        def mutate(node: dict[str, Any]) -> None:
+            annotations = node["metadata"].setdefault("annotations", {})
+            if value is None:
+                annotations.pop("example.com/gpu-slice.cordon", None)
+            else:
+                annotations["example.com/gpu-slice.cordon"] = value
+        self.api.store.update_node(NODE, mutate)
+
     def allocated(self, name: str) -> list[str] | None:
         raw = self.api.store.get_pod(name).get("metadata", {}).get("annotations", {}).get(
             "example.com/gpu-slice.allocated")
@@ -348,16 +357,7 @@ async def test_cordon_stops_new_pods_but_not_pending_assignments(env: Env) -> No
     mps_ids = MPS.slice_ids()[:3]
     uid = env.bind("before-cordon", mps_ids, at="2025-01-01T00:00:01Z", gpus=(MPS.uuid,), instance=None)
     await env.seen("before-cordon")
-
-    def cordon(value: str | None) -> None:
-        def mutate(node: dict[str, Any]) -> None:
-            annotations = node["metadata"].setdefault("annotations", {})
-            if value is None:
-                annotations.pop("example.com/gpu-slice.cordon", None)
-            else:
-                annotations["example.com/gpu-slice.cordon"] = value
-        env.api.store.update_node(NODE, mutate)
-
+    cordon = env.cordon
     cordon(MPS.uuid)
     others = frozenset(MPS.slice_ids()) - frozenset(mps_ids)
     await asyncio.to_thread(env.kubelet.wait_for_devices, RESOURCE, lambda d: d.unhealthy == others)
@@ -365,6 +365,30 @@ async def test_cordon_stops_new_pods_but_not_pending_assignments(env: Env) -> No
     assert res.admitted and res.ids() == frozenset(mps_ids)
     cordon(None)
     await asyncio.to_thread(env.kubelet.wait_for_devices, RESOURCE, lambda d: not d.unhealthy)
+
+
+async def test_cordon_keeps_running_pods_ids_healthy_so_they_are_re_admitted_after_a_reboot(env: Env) -> None:
+    """kubelet re-admits a pod only if its checkpointed ids are Healthy (manager.go devicesToAllocate)."""
+    await env.start()
+    mps_ids = MPS.slice_ids()[:3]
+    uid = env.bind("running", mps_ids, at="2025-01-01T00:00:01Z", gpus=(MPS.uuid,), instance=None)
+    await env.seen("running")
+    [res] = await env.kubelet.admit_async([slice_pod("running", 3, created=1.0, uid=uid)])
+    assert res.admitted and res.ids() == frozenset(mps_ids)
+    await until(lambda: env.allocated("running") is not None)
+    env.cordon(MPS.uuid)
+    others = frozenset(MPS.slice_ids()) - frozenset(mps_ids)
+    await asyncio.to_thread(env.kubelet.wait_for_devices, RESOURCE, lambda d: d.unhealthy == others)
+    gen = env.kubelet.generation
+    await asyncio.to_thread(env.kubelet.restart, "node-reboot")
+    await env.kubelet.wait_for_registration_async(RESOURCE, after=gen)
+    await asyncio.to_thread(env.kubelet.wait_for_devices, RESOURCE, lambda d: d.unhealthy == others)
+    [again] = await env.kubelet.admit_async([slice_pod("running", 3, created=1.0, uid=uid)])
+    assert again.admitted, again.error
+    assert again.ids() == frozenset(mps_ids)
+    # A new pod still cannot land on the cordoned GPU.
+    [new] = await env.kubelet.admit_async([slice_pod("new", 2, created=2.0)])
+    assert new.admitted and not new.ids() & frozenset(MPS.slice_ids())
 
 
 # --------------------------------------------------------------------------- coexistence, no API, metrics

@@ -330,6 +330,7 @@ class KubeletStandin:
         self._pods: dict[str, Pod] = {}  # admitted, not deleted (kubelet's active pods)
         self.registrations: list[Registration] = []
         self._superseded: list[_Endpoint] = []  # replaced by a newer Register, still streaming
+        self._still_running: set[str] = set()  # pod uids whose containers survived a kubelet restart
         self.withhold_streams = 0  # this many next registrations get no ListAndWatch stream (a test hook)
         self.disconnects: list[tuple[int, int]] = []  # (generation whose stream ended, generation disconnected)
         self.rejected_registrations: list[tuple[dp.RegisterRequest, str]] = []
@@ -368,14 +369,22 @@ class KubeletStandin:
             if ep.thread is not None:
                 ep.thread.join(5)
 
-    def restart(self) -> None:
+    def restart(self, as_: str = "kubelet-restart") -> None:
         """A kubelet restart: stop, forget devices (capacity 0 until plugins re-register), keep the checkpoint,
-        delete the sockets in the plugin dir, recreate kubelet.sock and serve again."""
+        delete the sockets in the plugin dir, recreate kubelet.sock and serve again.
+
+        ``as_`` is kubelet-dm's ``--restart-as``: ``kubelet-restart`` (containers kept running: during the
+        first ``admit`` batch their checkpointed devices are kept without any check, manager.go
+        devicesToAllocate's ``isContainerAlreadyRunning``) or ``node-reboot`` (nothing survived: every
+        pod is re-admitted and fails if its checkpointed devices are not healthy)."""
+        if as_ not in ("kubelet-restart", "node-reboot"):
+            raise ValueError(f"restart as kubelet-restart or node-reboot, not {as_!r}")
         self.stop()
         with self._lock:
             for resource in self._resources:
                 self._resources[resource] = _Resource()
                 self._endpoints[resource] = None
+            self._still_running = set(self._pods) if as_ == "kubelet-restart" else set()
         self.start()
 
     def __enter__(self) -> KubeletStandin:
@@ -461,7 +470,11 @@ class KubeletStandin:
             order = list(pods)
             self._rng.shuffle(order)  # Go's sort.Sort is not stable: equal times come in any order
         order.sort(key=lambda p: p.created)
-        return [self.admit_one(p) for p in order]
+        try:
+            return [self.admit_one(p) for p in order]
+        finally:
+            with self._lock:
+                self._still_running = set()  # sources are ready after the first batch
 
     def admit_one(self, pod: Pod) -> AdmissionResult:
         """Admit one pod: init containers, then app containers, one Allocate call per container and resource."""
@@ -713,6 +726,8 @@ class KubeletStandin:
                         f"pod {pod.uid!r} container {c.name!r} changed request for resource {resource!r} "
                         f"from {len(existing)} to {required}"
                     )
+            if existing is not None and pod.uid in self._still_running:
+                return self._Choice(None)  # a kubelet restart with the container running: nothing to do
             if resource not in self._resources:
                 raise AdmissionError(f"cannot allocate unregistered device {resource}")
             healthy = self._resources[resource].healthy

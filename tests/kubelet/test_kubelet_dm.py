@@ -260,3 +260,87 @@ async def test_kubelet_restart_re_registers_within_the_bar(env: Env) -> None:
     elapsed = time.monotonic() - ready
     assert plugin.app.registrar.registrations > before
     assert elapsed < 5, f"re-registered {elapsed:.2f}s after kubelet-dm came back"
+
+
+# --------------------------------------------------------------------------- admission
+
+
+async def assigned_pod(env: Env, name: str, ids: tuple[str, ...], gpu: str, instance: str | None,
+                       at: str) -> str:
+    """A pod with an extender assignment, bound to NODE afterwards (as the extender's /bind does)."""
+    return await asyncio.to_thread(_create_assigned, env.api, name, ids, gpu, instance, at)
+
+
+def _create_assigned(api: Api, name: str, ids: tuple[str, ...], gpu: str, instance: str | None, at: str) -> str:
+    """Create unbound, write the assignment with the UID, then bind (as the extender's /bind does)."""
+    from kubernetes import client
+
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"restartPolicy": "Never", "schedulerName": "none", "containers": [{
+                "name": "main", "image": "llm",
+                "resources": {"limits": {RESOURCE: str(len(ids))}, "requests": {RESOURCE: str(len(ids))}}}]}}
+    created = api.core.create_namespaced_pod("default", body)
+    uid = str(created.metadata.uid)
+    assignment = {"v": 1, "podUID": uid, "node": NODE, "gpus": [gpu], "instance": instance,
+                  "sliceIds": list(ids), "policy": "fragmentation", "scores": {}, "time": at}
+    api.core.patch_namespaced_pod(name, "default", {"metadata": {"annotations": {
+        "example.com/gpu-slice.assignment": json.dumps(assignment)}}})
+    binding = client.V1Binding(metadata=client.V1ObjectMeta(name=name, namespace="default"),
+                               target=client.V1ObjectReference(kind="Node", name=NODE, api_version="v1"))
+    api.core.create_namespaced_binding("default", binding, _preload_content=False)
+    return uid
+
+
+def allocated(pod: Any) -> list[str] | None:
+    raw = (pod.metadata.annotations or {}).get("example.com/gpu-slice.allocated")
+    return None if raw is None else sorted(json.loads(raw)["sliceIds"])
+
+
+async def test_assignment_honoured_and_each_container_gets_its_devices(env: Env) -> None:
+    await env.start()
+    inst = MIG.instances[3]  # 3g.40gb
+    await assigned_pod(env, "mig-pod", inst.slice_ids(), MIG.uuid, inst.uuid, "2026-01-01T00:00:01Z")
+    mps_ids = MPS.slice_ids()[2:4]
+    await assigned_pod(env, "mps-pod", mps_ids, MPS.uuid, None, "2026-01-01T00:00:02Z")
+    mig_pod = await env.running("mig-pod")
+    mps_pod = await env.running("mps-pod")
+    opts = run_options(mig_pod)
+    vendor = env.settings().cdi_vendor
+    assert opts["cdiDevices"] == [f"{vendor}/gpu={inst.uuid}"]
+    assert opts["envs"]["GPU_SLICE_COUNT"] == "3"
+    mps_opts = run_options(mps_pod)
+    assert mps_opts["cdiDevices"] == [f"{vendor}/gpu={MPS.uuid}"]
+    assert {m["containerPath"] for m in mps_opts["mounts"]} >= {"/dev/shm", "/run/gpu-slice/mps/pipe"}
+    got = await until(lambda: allocated(env.api.pod("mps-pod")), what="the allocated stamp")
+    assert got == sorted(mps_ids)
+    assert await until(lambda: allocated(env.api.pod("mig-pod")), what="stamp") == sorted(inst.slice_ids())
+
+
+async def test_allocate_refusal_is_an_unexpected_admission_error(env: Env) -> None:
+    await env.start()
+    await asyncio.to_thread(env.api.create_pod, "too-big", 9)  # fits no GPU: kubelet tops up at random
+    pod = await env.failed("too-big")
+    assert pod.status.reason == "UnexpectedAdmissionError"
+    assert "gpu-slice: ids form no valid placement" in pod.status.message
+
+
+async def test_cordon_keeps_a_running_pod_admissible_after_a_node_reboot(env: Env) -> None:
+    await env.start()
+    mps_ids = MPS.slice_ids()[:3]
+    await assigned_pod(env, "survivor", mps_ids, MPS.uuid, None, "2026-01-01T00:00:03Z")
+    await env.running("survivor")
+    await until(lambda: allocated(env.api.pod("survivor")), what="the allocated stamp")
+    await asyncio.to_thread(env.api.core.patch_node, NODE, {"metadata": {"annotations": {
+        "example.com/gpu-slice.cordon": MPS.uuid}}})
+    await env.healthy(14 - (7 - 3))  # the cordoned GPU's free ids go Unhealthy, the pod's stay Healthy
+    try:
+        await asyncio.to_thread(env.cluster.stop_node)
+        await asyncio.to_thread(env.cluster.start_node, "--restart-as=node-reboot")
+        pod = await until(lambda: (p := env.api.pod("survivor")).status.container_statuses
+                          and p.status.container_statuses[0].restart_count >= 1 and p, what="re-admission")
+        assert pod.status.phase == "Running", pod.status.message
+    finally:
+        await asyncio.to_thread(env.api.core.patch_node, NODE, {"metadata": {"annotations": {
+            "example.com/gpu-slice.cordon": None}}})
+        await asyncio.to_thread(env.cluster.stop_node)
+        await asyncio.to_thread(env.cluster.start_node)
