@@ -45,6 +45,8 @@ from gpuslice.placement import Placement
 
 log = logging.getLogger(__name__)
 
+CONFLICT_TAINT = "example.com/gpu-slice-conflict"
+
 
 def make_backend(settings: Settings) -> Backend:
     """The backend the settings name (imported lazily: the NVML one needs nvidia-ml-py)."""
@@ -104,6 +106,8 @@ class DevicePluginApp:
         self.podres = PodResourcesClient(settings.pod_resources_socket)
         self.ready = asyncio.Event()
         self.refusals: dict[str, Refusal] = {}
+        self.conflicts: dict[str, Refusal] = {}  # GPU uuid -> another resource's claim while pods hold it
+        self._tainted = False
         self.events_sent: list[tuple[str, str, str]] = []  # (object, reason, message), for logs and tests
         self._loop: asyncio.AbstractEventLoop | None = None
         self._publish = asyncio.Event()
@@ -145,7 +149,8 @@ class DevicePluginApp:
         backend.watch_health(self._health_from_thread)
         injector = Injector(mode=s.device_injection, cdi_vendor=s.cdi_vendor, cdi_class=s.cdi_class,
                             mps_root=s.mps_dir, mps_memory_only=s.mps_memory_limit_only)
-        servicer = DevicePluginServicer(state, injector, metrics=self.metrics, on_allocate=self._on_allocate)
+        servicer = DevicePluginServicer(state, injector, metrics=self.metrics, on_allocate=self._on_allocate,
+                                        preferred_wait_s=s.preferred_wait_s)
         self.servicer = servicer
         self.registrar = Registrar(
             s.plugin_dir, s.endpoint, s.resource_name,
@@ -244,7 +249,15 @@ class DevicePluginApp:
         self._sync_health(quiet=quiet)
 
     async def _check_coexistence(self) -> None:
-        """Refuse (for good, in this process) GPUs another resource advertises."""
+        """Refuse (for good, in this process) GPUs another resource advertises, unless pods hold their ids.
+
+        ``GetAllocatableResources`` lists only the healthy devices of plugins registered *now*, so what
+        it shows depends on start order: another plugin may appear after pods already run on our
+        slices. Withdrawing such a GPU would turn those pods' ids Unhealthy-then-gone (failed
+        re-admission after a restart, allocatable below use). Instead the GPU stays advertised and the
+        conflict is reported: an event, ``gpu_slice_plugin_coexistence_conflicts``, and with
+        ``conflict_taint`` a NoSchedule taint on the node. Once no pod holds its ids it is refused.
+        """
         state = self.state
         assert state is not None
         if not self.settings.pod_resources_socket.exists():
@@ -255,7 +268,19 @@ class DevicePluginApp:
             log.info("PodResources GetAllocatableResources failed (%s); coexistence checked later", exc)
             return
         found = find_refusals(state.gpus, allocatable, self.settings.resource_name)
-        new = {u: r for u, r in found.items() if u not in self.refusals}
+        held = self._allocated()
+        by_uuid = {g.uuid: g for g in state.gpus}
+        new: dict[str, Refusal] = {}
+        conflicts: dict[str, Refusal] = {}
+        for uuid, refusal in found.items():
+            if uuid in self.refusals:
+                continue
+            gpu = by_uuid.get(uuid)
+            if gpu is not None and held & frozenset(gpu.slice_ids()):
+                conflicts[uuid] = refusal
+            else:
+                new[uuid] = refusal
+        await self._set_conflicts(conflicts)
         if not new:
             return
         self.refusals.update(new)
@@ -263,6 +288,31 @@ class DevicePluginApp:
         for refusal in new.values():
             log.warning("%s", refusal.message)
             await self._node_event("GpuRefused", refusal.message, "Warning")
+
+    async def _set_conflicts(self, conflicts: dict[str, Refusal]) -> None:
+        """Report conflicts that began, clear those that ended; keep the taint in step when configured."""
+        begun = sorted(set(conflicts) - set(self.conflicts))
+        ended = {u: r for u, r in self.conflicts.items() if u not in conflicts}
+        self.conflicts = dict(conflicts)
+        for uuid in begun:
+            r = conflicts[uuid]
+            message = (f"GPU {r.gpu_index} ({uuid}): resource {r.resource} also advertises it (device "
+                       f"{r.device_id!r}) while pods hold its slices; it stays advertised so they keep running. "
+                       f"Remove the other plugin's claim or drain the GPU")
+            log.error("%s", message)
+            self.metrics.coexistence_conflicts.labels(gpu_uuid=uuid, resource=r.resource).set(1)
+            await self._node_event("GpuConflict", message, "Warning")
+        for uuid, old in sorted(ended.items()):
+            with contextlib.suppress(KeyError):
+                self.metrics.coexistence_conflicts.remove(uuid, old.resource)
+            log.info("GPU %s: the conflict with %s is over", uuid, old.resource)
+        want = bool(conflicts)
+        if self.settings.conflict_taint and self.kube is not None and want != self._tainted:
+            try:
+                await asyncio.to_thread(self.kube.client.set_taint, CONFLICT_TAINT, "NoSchedule", want)
+                self._tainted = want
+            except KubeApiError as exc:  # retried at the next check
+                log.warning("could not %s the taint %s: %s", "set" if want else "remove", CONFLICT_TAINT, exc)
 
     # ---------------------------------------------------------------- callbacks (loop thread)
 

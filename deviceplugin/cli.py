@@ -41,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CDI vendor: k8s.device-plugin.nvidia.com (default) or nvidia.com (nvidia-ctk specs)")
     parser.add_argument("--numa-topology", dest="numa_topology", action="store_const", const=True, default=None,
                         help="advertise NUMA topology (off by default: kubelet would then ignore preferences)")
+    parser.add_argument("--taint-on-conflict", dest="conflict_taint", action="store_const", const=True,
+                        default=None,
+                        help="taint the node example.com/gpu-slice-conflict:NoSchedule while another resource "
+                             "advertises a GPU whose slices pods hold (it stays advertised; an event and a "
+                             "metric say so either way)")
     parser.add_argument("--metrics-port", dest="metrics_port", type=int,
                         help="port for /metrics (0 = off; default 9402)")
     parser.add_argument("--metrics-address", dest="metrics_address", help="address for /metrics (default 0.0.0.0)")

@@ -102,6 +102,23 @@ class KubeClient:
         return self._json(f"patch node {self.node_name}", self.core.patch_node, self.node_name, body,
                           _content_type=MERGE_PATCH)
 
+    def set_taint(self, key: str, effect: str, present: bool) -> bool:
+        """Add or remove one taint on this node (read, then a merge patch of the whole list guarded by the
+        resourceVersion read, so a concurrent change is not overwritten); ``True`` when it changed."""
+        node = self.get_node()
+        meta = node.get("metadata") or {}
+        taints = list((node.get("spec") or {}).get("taints") or [])
+        has = any(t.get("key") == key and t.get("effect") == effect for t in taints)
+        if has == present:
+            return False
+        taints = [t for t in taints if not (t.get("key") == key and t.get("effect") == effect)]
+        if present:
+            taints.append({"key": key, "effect": effect})
+        body = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "spec": {"taints": taints}}
+        self._json(f"taint node {self.node_name}", self.core.patch_node, self.node_name, body,
+                   _content_type=MERGE_PATCH)
+        return True
+
     def create_event(self, *, kind: str, name: str, namespace: str, uid: str, reason: str, message: str,
                      type_: str = "Normal") -> Obj:
         """A core/v1 Event about a Pod or the Node (Node events live in ``default``)."""

@@ -66,6 +66,7 @@ class PluginState:
         self.refused: dict[str, str] = {}  # GPU uuid -> why another resource owns it
         self.generation = 0
         self._changed = asyncio.Event()
+        self._pods_event = asyncio.Event()
         self._inventory: NodeInventory | None = None
         self.listeners: list[Callable[[str], None]] = []
         self.allocations = 0
@@ -129,9 +130,20 @@ class PluginState:
         return True
 
     def pods_changed(self) -> None:
-        """The pod cache changed: only the cordon exception in the device list depends on it."""
+        """The pod cache changed: wakes preferred-allocation waiters; the device list depends on it only
+        through the cordon exception."""
+        self._pods_event.set()
+        self._pods_event = asyncio.Event()
         if self.cordoned:
             self._bump("pods")
+
+    async def wait_pods(self, timeout: float) -> bool:
+        """Wait for the next pod-cache change; ``False`` after ``timeout`` seconds without one."""
+        try:
+            await asyncio.wait_for(self._pods_event.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
 
     async def wait_change(self, generation: int) -> int:
         """Wait until ``generation`` is stale; return the new one."""
@@ -197,6 +209,24 @@ class PluginState:
         ids, _ = preferred(self.book, self.inventory(), available, must_include, size)
         return ids
 
+    async def preferred_waiting(self, available: Iterable[str], must_include: Iterable[str], size: int,
+                                wait_s: float) -> tuple[list[str], Candidate | None]:
+        """``preferred``, but when no assignment of that size matches, wait up to ``wait_s`` for the pod
+        cache to catch up (kubelet's informer may see a bound pod before our watch does) before the
+        best-fit fallback. No I/O: it only waits for the watch already running."""
+        avail, must = list(available), list(must_include)
+        ids, cand = preferred(self.book, self.inventory(), avail, must, size)
+        if cand is not None or self.book is None or wait_s <= 0:
+            return ids, cand
+        deadline = time.monotonic() + wait_s
+        while (left := deadline - time.monotonic()) > 0:
+            if not await self.wait_pods(left):
+                break
+            ids, cand = preferred(self.book, self.inventory(), avail, must, size)
+            if cand is not None:
+                break
+        return ids, cand
+
     def allocate(self, slice_ids: Iterable[str]) -> tuple[Placement, Candidate | None]:
         """Check kubelet's ids form one valid placement and find the assignment they match."""
         wanted = list(slice_ids)
@@ -213,8 +243,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 
     def __init__(self, state: PluginState, injector: Injector, *, metrics: RpcObserver | None = None,
                  on_allocate: Callable[[Placement, Candidate | None], None] | None = None,
-                 streams: StreamTracker | None = None) -> None:
+                 streams: StreamTracker | None = None, preferred_wait_s: float = 2.0) -> None:
         self.state = state
+        self.preferred_wait_s = preferred_wait_s
         self.streams = streams if streams is not None else StreamTracker()
         self._end = asyncio.Event()
         self.injector = injector
@@ -266,8 +297,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         try:
             resp = pb.PreferredAllocationResponse()
             for creq in request.container_requests:
-                ids = self.state.preferred(creq.available_deviceIDs, creq.must_include_deviceIDs,
-                                           creq.allocation_size)
+                ids, cand = await self.state.preferred_waiting(
+                    creq.available_deviceIDs, creq.must_include_deviceIDs, creq.allocation_size,
+                    self.preferred_wait_s)
+                if cand is None and self.state.book is not None:
+                    log.info("GetPreferredAllocation of %d: no assignment matches (after waiting up to %.1fs "
+                             "for the pod cache); best fit %s", creq.allocation_size, self.preferred_wait_s, ids)
                 resp.container_responses.add(deviceIDs=ids)
             return resp
         except GpuSliceError as exc:

@@ -52,6 +52,7 @@ class Settings:
     cdi_vendor: str = "k8s.device-plugin.nvidia.com"
     cdi_class: str = "gpu"
     numa_topology: bool = False
+    conflict_taint: bool = False
     metrics_port: int = 9402
     metrics_address: str = "0.0.0.0"
     read_only: bool = False
@@ -59,6 +60,7 @@ class Settings:
     mps_memory_limit_only: bool = False
     dir_poll_s: float = 0.2
     register_timeout_s: float = 10.0
+    preferred_wait_s: float = 2.0
     rediscover_s: float = 0.5
     reconcile_s: float = 10.0
     stamp_resync_s: float = 5.0
@@ -124,6 +126,8 @@ class Settings:
             value = getattr(self, name)
             if not value > 0:
                 raise SettingsError(name, f"must be positive, got {value}")
+        if not 0 <= self.preferred_wait_s <= 10:
+            raise SettingsError("preferred_wait_s", f"must be 0 to 10 seconds, got {self.preferred_wait_s}")
         if self.stamp_retries < 0:
             raise SettingsError("stamp_retries", f"must not be negative, got {self.stamp_retries}")
         return self

@@ -79,7 +79,7 @@ class Env:
         base = Settings(node_name=NODE, backend="simulated", plugin_dir=self.kubelet.plugin_dir,
                         pod_resources_socket=self.kubelet.pod_resources_socket, metrics_port=0,
                         mps_root=self.dir / "mps", dir_poll_s=0.05, stamp_backoff_s=0.02, stamp_resync_s=0.5,
-                        rediscover_s=0.3, kube_timeout_s=5.0)
+                        rediscover_s=0.3, kube_timeout_s=5.0, preferred_wait_s=0.3)
         return replace(base, **overrides).validate()
 
     async def start(self, *, backend: SimulatedBackend | None = None, kube: bool = True,
@@ -434,6 +434,37 @@ async def test_gpu_already_advertised_by_another_resource_is_refused(env: Env,
     finally:
         if env.plugin is not None:
             await env.plugin.close()
+        server.stop(0)
+
+
+async def test_gpu_with_running_pods_is_never_withdrawn_when_another_resource_appears(env: Env) -> None:
+    """GetAllocatableResources lists only plugins registered now: a later one must not cost running pods."""
+    await env.start(reconcile_s=0.2, conflict_taint=True)
+    mps_ids = MPS.slice_ids()[:2]
+    uid = env.bind("held", mps_ids, at="2025-01-01T00:00:01Z", gpus=(MPS.uuid,), instance=None)
+    await env.seen("held")
+    [res] = await env.kubelet.admit_async([slice_pod("held", 2, created=1.0, uid=uid)])
+    assert res.admitted
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_DevicePluginServicer_to_server(_NvidiaPlugin([MPS.uuid]), server)
+    server.add_insecure_port(f"unix://{env.kubelet.plugin_dir / 'nvidia-gpu.sock'}")
+    server.start()
+    try:
+        def register() -> None:
+            with grpc.insecure_channel(f"unix://{env.kubelet.kubelet_socket}") as ch:
+                pb_grpc.RegistrationStub(ch).Register(pb.RegisterRequest(
+                    version="v1beta1", endpoint="nvidia-gpu.sock", resource_name="nvidia.com/gpu"), timeout=10)
+
+        await asyncio.to_thread(register)
+        await until(lambda: bool(env.events("GpuConflict")))
+        assert MPS.uuid in env.app.conflicts and MPS.uuid not in env.app.refusals
+        assert env.kubelet.devices(RESOURCE).allocatable == ALL_IDS  # still advertised, all Healthy
+        taint = {"key": "example.com/gpu-slice-conflict", "effect": "NoSchedule"}
+        await until(lambda: taint in (env.api.store.get_node(NODE).get("spec") or {}).get("taints", []))
+        sample = env.app.registry.get_sample_value("gpu_slice_plugin_coexistence_conflicts",
+                                                    {"gpu_uuid": MPS.uuid, "resource": "nvidia.com/gpu"})
+        assert sample == 1
+    finally:
         server.stop(0)
 
 

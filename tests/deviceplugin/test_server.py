@@ -49,7 +49,7 @@ class Plugin:
 async def plugin(kubelet: KubeletStandin) -> AsyncIterator[Plugin]:
     state = PluginState(NODE, book=AssignmentBook(NODE))
     state.set_gpus(builtin_topology(NODE).gpus)
-    servicer = DevicePluginServicer(state, Injector(mps_root=Path("/run/gpu-slice/mps")))
+    servicer = DevicePluginServicer(state, Injector(mps_root=Path("/run/gpu-slice/mps")), preferred_wait_s=0.3)
     registrar = Registrar(kubelet.plugin_dir, "gpu-slice.sock", RESOURCE,
                           lambda server: pb_grpc.add_DevicePluginServicer_to_server(servicer, server), poll_s=0.05)
     stop = asyncio.Event()
@@ -159,3 +159,28 @@ async def test_kubelet_restart_re_registers(plugin: Plugin, kubelet: KubeletStan
     await kubelet.wait_for_registration_async(RESOURCE, after=before)
     assert kubelet.devices(RESOURCE).allocatable == {sid for g in plugin.state.gpus for sid in g.slice_ids()}
     assert plugin.registrar.serves >= 2
+
+
+async def test_preferred_waits_briefly_for_the_pod_cache_before_a_best_fit() -> None:
+    """kubelet's informer can see a bound pod before the plugin's watch: GetPreferredAllocation then
+    waits (bounded) for the cache instead of handing out another placement."""
+    state = PluginState(NODE, book=AssignmentBook(NODE))
+    state.set_gpus(builtin_topology(NODE).gpus)
+    servicer = DevicePluginServicer(state, Injector(), preferred_wait_s=2.0)
+    mps = state.gpus[1]
+    wanted = mps.slice_ids()[4:7]
+    request = pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(
+        available_deviceIDs=[s for g in state.gpus for s in g.slice_ids()], allocation_size=3)])
+    call = asyncio.create_task(servicer.GetPreferredAllocation(request, None))
+    await asyncio.sleep(0.2)
+    assert not call.done()
+    assign(state, "late", wanted, "2025-01-01T00:00:01Z")
+    state.pods_changed()
+    resp = await asyncio.wait_for(call, 2)
+    assert sorted(resp.container_responses[0].deviceIDs) == sorted(wanted)
+    # With nothing arriving the wait is bounded and ends in a best fit.
+    servicer.preferred_wait_s = 0.2
+    other = pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(
+        available_deviceIDs=[s for s in mps.slice_ids()[:4]], allocation_size=2)])
+    resp = await asyncio.wait_for(servicer.GetPreferredAllocation(other, None), 2)
+    assert len(resp.container_responses[0].deviceIDs) == 2

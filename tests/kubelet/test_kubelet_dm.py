@@ -329,7 +329,9 @@ async def test_cordon_keeps_a_running_pod_admissible_after_a_node_reboot(env: En
     mps_ids = MPS.slice_ids()[:3]
     await assigned_pod(env, "survivor", mps_ids, MPS.uuid, None, "2026-01-01T00:00:03Z")
     await env.running("survivor")
-    await until(lambda: allocated(env.api.pod("survivor")), what="the allocated stamp")
+    # kubelet-dm's informer may see the bound pod before the plugin's watch: the preferred
+    # allocation waits for the cache, so the assignment is still what kubelet gives.
+    assert await until(lambda: allocated(env.api.pod("survivor")), what="the stamp") == sorted(mps_ids)
     await asyncio.to_thread(env.api.core.patch_node, NODE, {"metadata": {"annotations": {
         "example.com/gpu-slice.cordon": MPS.uuid}}})
     await env.healthy(14 - (7 - 3))  # the cordoned GPU's free ids go Unhealthy, the pod's stay Healthy
