@@ -238,7 +238,12 @@ class DevicePluginApp:
                     targets[gpu.uuid] = GpuTarget(s.config.mode_for(gpu.product, gpu.uuid), s.config.slices)
                 except GpuSliceError as exc:
                     log.error("%s", exc)
-            messages = await asyncio.to_thread(backend.apply_targets, targets, self._allocated())
+            try:
+                messages = await self._apply_targets(gpus, targets)
+            finally:
+                gpus = await asyncio.to_thread(backend.discover)
+                state.set_gpus(gpus)
+                state.set_changing(())
             if messages != self._target_messages:
                 for line in messages:
                     log.info("layout: %s", line)
@@ -247,6 +252,25 @@ class DevicePluginApp:
         if state.set_gpus(gpus):
             log.info("GPU layout: %s", ", ".join(f"{g.index}:{g.product}:{g.mode}(S={g.slices})" for g in state.gpus))
         self._sync_health(quiet=quiet)
+
+    async def _apply_targets(self, gpus: tuple[Gpu, ...], targets: dict[str, GpuTarget]) -> list[str]:
+        """Change idle GPUs to their targets without racing Allocate.
+
+        On the event loop, before any worker thread runs: the GPUs that would change and hold no ids
+        are withdrawn (their ids Unhealthy, Allocate refuses them). Then the ids in use are read again
+        (an Allocate that ran before the withdrawal is in the book by now), and the backend gets that
+        fresh set plus every id of a GPU that differs but was not withdrawn, so only withdrawn, idle
+        GPUs can change while the thread runs.
+        """
+        backend, state = self.backend, self.state
+        assert backend is not None and state is not None
+        held = self._allocated()
+        differ = {g.uuid for g in gpus if g.uuid in targets and _would_change(backend, g, targets[g.uuid])}
+        idle = {g.uuid for g in gpus if g.uuid in differ and not held.intersection(g.slice_ids())}
+        state.set_changing(idle)
+        held = self._allocated()  # again: nothing can be allocated on a withdrawn GPU from here on
+        keep = frozenset(sid for g in gpus if g.uuid in differ - idle for sid in g.slice_ids())
+        return await asyncio.to_thread(backend.apply_targets, targets, held | keep)
 
     async def _check_coexistence(self) -> None:
         """Refuse (for good, in this process) GPUs another resource advertises, unless pods hold their ids.
@@ -558,6 +582,16 @@ class DevicePluginApp:
             with contextlib.suppress(Exception):
                 self._api_client.close()
         log.info("device plugin stopped")
+
+
+def _would_change(backend: Backend, gpu: Gpu, target: GpuTarget) -> bool:
+    """Whether the backend would change this GPU for this target (``would_change`` when it has one)."""
+    fn = getattr(backend, "would_change", None)
+    if fn is not None:
+        return bool(fn(gpu, target))
+    if target.mode == "mig":
+        return gpu.mode != "mig" or target.mig_layout is not None
+    return (gpu.mode, gpu.slices) != (target.mode, target.slices)
 
 
 def _numa_nodes(backend: Backend) -> Mapping[str, int]:

@@ -311,6 +311,17 @@ class NvmlBackend:
             self._mps.set_gpus(g.uuid for g in self.discover() if g.mode == "mps")
         return messages
 
+    def would_change(self, gpu: Gpu, target: GpuTarget) -> bool:
+        """Whether ``apply_targets`` would change this GPU's ids when idle (never MIG, never read-only).
+
+        A compute-mode-only change keeps the ids, so it does not count. No NVML call: this runs on
+        the event loop."""
+        if self.read_only or gpu.mode == "mig" or target.mode == "mig":
+            return False
+        if target.mode == "mps" and not 1 <= target.slices <= MAX_MPS_CLIENT_SLICES:
+            return False
+        return (gpu.mode, gpu.slices) != (target.mode, target.slices)
+
     def _mig_difference(self, gpu: Gpu, target: GpuTarget) -> list[str]:
         if gpu.mode != "mig":
             return [f"GPU {gpu.uuid}: target is mig but MIG mode is off; gpu-slice does not enable MIG mode "

@@ -64,6 +64,7 @@ class PluginState:
         self.unhealthy: dict[str, str] = {}  # GPU or MIG uuid -> reason
         self.cordoned: frozenset[str] = frozenset()
         self.refused: dict[str, str] = {}  # GPU uuid -> why another resource owns it
+        self.changing: frozenset[str] = frozenset()  # GPUs being reconfigured: withdrawn, Allocate refused
         self.generation = 0
         self._changed = asyncio.Event()
         self._pods_event = asyncio.Event()
@@ -129,6 +130,15 @@ class PluginState:
         self._bump("refused")
         return True
 
+    def set_changing(self, uuids: Iterable[str]) -> bool:
+        """GPUs about to change mode or layout: their ids go Unhealthy and Allocate refuses them."""
+        new = frozenset(uuids)
+        if new == self.changing:
+            return False
+        self.changing = new
+        self._bump("changing")
+        return True
+
     def pods_changed(self) -> None:
         """The pod cache changed: wakes preferred-allocation waiters; the device list depends on it only
         through the cordon exception."""
@@ -182,14 +192,15 @@ class PluginState:
         for gpu in self.inventory().gpus:
             if self.numa:
                 numa = self.numa_nodes.get(gpu.uuid)
+            withdrawn = gpu.uuid in self.changing
             if gpu.mode == "mig":
                 for inst in gpu.instances:
-                    bad = gpu.uuid in self.unhealthy or inst.uuid in self.unhealthy
+                    bad = withdrawn or gpu.uuid in self.unhealthy or inst.uuid in self.unhealthy
                     for sid in inst.slice_ids():
                         ok = not bad and (not gpu.cordoned or sid in keep)
                         out.append((sid, HEALTHY if ok else UNHEALTHY, numa))
             else:
-                bad = gpu.uuid in self.unhealthy
+                bad = withdrawn or gpu.uuid in self.unhealthy
                 for sid in gpu.slice_ids():
                     ok = not bad and (not gpu.cordoned or sid in keep)
                     out.append((sid, HEALTHY if ok else UNHEALTHY, numa))
@@ -231,6 +242,10 @@ class PluginState:
         """Check kubelet's ids form one valid placement and find the assignment they match."""
         wanted = list(slice_ids)
         placement = check_placement(self.inventory(), wanted)
+        busy = self.changing.intersection(placement.gpus)
+        if busy:
+            raise PlacementRefused(f"GPU {', '.join(sorted(busy))} is being reconfigured (mode or MIG layout); "
+                                   f"its ids are withdrawn")
         match = self.book.match(wanted) if self.book is not None else None
         if self.book is not None:
             self.book.note_allocated(wanted, time.monotonic())

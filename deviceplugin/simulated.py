@@ -289,6 +289,17 @@ class SimulatedBackend:
             self._mps.set_gpus(mps_gpus)
         return messages
 
+    def would_change(self, gpu: Gpu, target: GpuTarget) -> bool:
+        """Whether ``apply_targets`` would change this GPU when it is idle."""
+        with self._lock:
+            current = self._gpus.get(gpu.uuid)
+            if current is None:
+                return False
+            try:
+                return self._target_gpu(current, target) is not None
+            except TopologyError:
+                return False
+
     def change_layout(self, gpu_uuid: str, layout: tuple[MigPlacement, ...],
                       allocated: frozenset[str]) -> list[str]:
         """Put a GPU in MIG mode with exactly this layout (or report why it waits or is refused)."""

@@ -31,7 +31,7 @@ from deviceplugin._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplugin.app import DevicePluginApp
 from deviceplugin.assignments import check_placement
 from deviceplugin.mps import MpsOptions, MpsSupervisor, pipe_dir, standin_command
-from deviceplugin.settings import Settings
+from deviceplugin.settings import Settings, load_config_file
 from deviceplugin.simulated import SimulatedBackend, builtin_topology
 from gpuslice.model import Gpu
 from tests.fakeapi.server import FakeApiServer
@@ -575,3 +575,42 @@ async def test_layout_change_is_advertised_and_published(env: Env) -> None:
         return [] if raw is None else [i["profile"] for i in json.loads(raw)["gpus"][0]["instances"]]
 
     await until(lambda: published_profiles() == ["7g.80gb"])
+
+
+class _SlowBackend(SimulatedBackend):
+    """Applies targets only when told, so a test can act while the change runs in its worker thread."""
+
+    def __init__(self) -> None:
+        super().__init__(TOPO)
+        self.go = threading.Event()
+        self.entered = threading.Event()
+        self.allocated_seen: list[frozenset[str]] = []
+        self.calls = 0
+
+    def apply_targets(self, targets: Any, allocated: frozenset[str]) -> list[str]:
+        self.calls += 1
+        if self.calls == 1:  # start-up: the plugin registers first, the change comes with a later reconcile
+            return ["held back by the test"]
+        if any(self.would_change(g, targets[g.uuid]) for g in self.discover() if g.uuid in targets):
+            self.allocated_seen.append(allocated)
+            self.entered.set()
+            self.go.wait(10)
+        return super().apply_targets(targets, allocated)
+
+
+async def test_mode_change_withdraws_the_gpu_before_it_races_allocate(env: Env, tmp_path: Path) -> None:
+    """The change runs in a worker thread: its GPU's ids are withdrawn on the event loop first, and
+    Allocate refuses them until the change is done."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"version: v1\nslices: 7\nmodes:\n  default: mps\n  gpus: {{{MPS.uuid}: whole}}\n")
+    backend = _SlowBackend()
+    await env.start(backend=backend, reconcile_s=0.2, config_file=config, config=load_config_file(config))
+    await until(lambda: backend.entered.is_set(), 15)
+    await asyncio.to_thread(env.kubelet.wait_for_devices, RESOURCE,
+                            lambda d: frozenset(MPS.slice_ids()) <= d.unhealthy, 10)
+    assert env.app.state is not None
+    with pytest.raises(Exception, match="being reconfigured"):
+        env.app.state.allocate(MPS.slice_ids()[:2])
+    backend.go.set()
+    await until(lambda: env.app.state is not None and env.app.state.gpus[1].mode == "whole", 10)
+    await asyncio.to_thread(env.kubelet.wait_for_devices, RESOURCE, lambda d: not d.unhealthy, 10)
