@@ -230,10 +230,12 @@ class MpsSupervisor:
         """Supervise exactly these GPUs: new ones are started on the next pass, dropped ones quit."""
         wanted = set(gpu_uuids)
         with self._lock:
-            for uuid in sorted(set(self._states) - wanted):
-                self._states.pop(uuid).daemon.stop()
+            gone = [self._states.pop(uuid) for uuid in sorted(set(self._states) - wanted)]
             for uuid in sorted(wanted - set(self._states)):
                 self._states[uuid] = _State(MpsDaemon(uuid, self.options), backoff=self.options.backoff_initial_s)
+        # ``quit`` runs a subprocess: never under the lock that status()/is_up() (the RPC path) take.
+        for st in gone:
+            st.daemon.stop()
 
     def status(self) -> dict[str, bool]:
         """GPU UUID -> whether its daemon answered the last probe."""

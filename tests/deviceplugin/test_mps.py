@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -185,5 +186,28 @@ def test_supervisor_thread_reports_loss_and_recovery(root: Path) -> None:
         while len(events) < 3 and time.monotonic() < deadline + 10:
             time.sleep(0.02)
         assert [e.healthy for e in events] == [True, False, True]
+    finally:
+        sup.close()
+
+
+def test_status_answers_while_a_dropped_daemon_takes_its_time_to_quit(root: Path, tmp_path: Path) -> None:
+    """set_gpus runs ``quit`` outside the lock the event loop's health reads take."""
+    slow = tmp_path / "slow-control"
+    slow.write_text("#!/bin/sh\nif [ \"$1\" = -d ]; then exec " + " ".join(standin_command()) + " -d; fi\n"
+                    "read line\nif [ \"$line\" = quit ]; then sleep 1.5; fi\n"
+                    "echo \"$line\" | exec " + " ".join(standin_command()) + "\n")
+    slow.chmod(0o755)
+    sup = MpsSupervisor(options(root, control_command=(str(slow),)))
+    try:
+        sup.set_gpus([GPU])
+        sup.check_once()
+        assert sup.is_up(GPU)
+        dropper = threading.Thread(target=sup.set_gpus, args=([],))
+        dropper.start()
+        time.sleep(0.2)  # the quit is under way
+        start = time.monotonic()
+        assert sup.status() == {}
+        assert time.monotonic() - start < 0.5
+        dropper.join(10)
     finally:
         sup.close()
