@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry
 
@@ -24,7 +26,7 @@ from deviceplugin.allocate import Injector
 from deviceplugin.assignments import AssignmentBook, Candidate, PodView, pod_view
 from deviceplugin.backend import Backend, GpuTarget, HealthEvent
 from deviceplugin.coexistence import Refusal, find_refusals
-from deviceplugin.errors import KubeApiError, KubeUnavailable
+from deviceplugin.errors import DevicePluginError, KubeApiError, KubeUnavailable
 from deviceplugin.kube import KubeClient, Obj, Watcher, load_api_client
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.registration import Registrar
@@ -115,17 +117,53 @@ class DevicePluginApp:
         self._target_messages: list[str] = []
         self._metrics_server: Any = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.failure: str | None = None  # set when a background task died: /healthz red, exit non-zero
+        self._stop: asyncio.Event | None = None
+        self._beat = time.monotonic()
         self._metrics_snapshot = NodeInventory(settings.node_name, ())
 
     # ---------------------------------------------------------------- start-up
 
     async def run(self, stop: asyncio.Event) -> None:
         """Start everything, serve until ``stop`` is set, then shut down in order."""
+        self._stop = stop
         try:
             await self._start(stop)
             await stop.wait()
         finally:
             await self._shutdown(stop)
+        if self.failure is not None:
+            raise DevicePluginError(self.failure)
+
+    def _supervise(self, coro: Any, name: str) -> None:
+        """Run a background task that must live as long as the plugin: if it ends before ``stop`` (an
+        exception or a plain return), the plugin shuts down and ``run`` raises, so the process exits
+        non-zero and the DaemonSet restarts it; ``/healthz`` turns red meanwhile."""
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.append(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or (self._stop is not None and self._stop.is_set() and task.exception() is None):
+            return
+        exc = task.exception()
+        why = f"background task {task.get_name()} died: {exc!r}" if exc is not None else \
+            f"background task {task.get_name()} ended before shutdown"
+        log.error("%s; stopping the plugin", why, exc_info=exc)
+        if self.failure is None:
+            self.failure = why
+        if self._stop is not None:
+            self._stop.set()
+
+    def liveness(self) -> tuple[bool, str]:
+        """For ``/healthz`` (read from the HTTP thread): red when a task died or the event loop stalled."""
+        if self.failure is not None:
+            return False, self.failure
+        stalled = time.monotonic() - self._beat
+        limit = max(30.0, 20 * self.settings.rediscover_s)
+        if self._loop is not None and stalled > limit:
+            return False, f"the event loop has not run its rediscovery for {stalled:.0f}s"
+        return True, "ok"
 
     async def _start(self, stop: asyncio.Event) -> None:
         s = self.settings
@@ -163,11 +201,11 @@ class DevicePluginApp:
                                    metrics=self.metrics, retries=s.stamp_retries,
                                    backoff_s=s.stamp_backoff_s, resync_s=s.stamp_resync_s,
                                    on_admitted=state.pods_changed)
-            self._tasks.append(asyncio.create_task(self.stamper.run(stop), name="stamper"))
+            self._supervise(self.stamper.run(stop), "stamper")
             self._publish.set()
-            self._tasks.append(asyncio.create_task(self._publisher(stop), name="inventory-publisher"))
-        self._tasks.append(asyncio.create_task(self.registrar.run(stop), name="registrar"))
-        self._tasks.append(asyncio.create_task(self._rediscover(stop), name="rediscover"))
+            self._supervise(self._publisher(stop), "inventory-publisher")
+        self._supervise(self.registrar.run(stop), "registrar")
+        self._supervise(self._rediscover(stop), "rediscover")
 
     def _connect_kube(self) -> AssignmentBook | None:
         s = self.settings
@@ -456,9 +494,17 @@ class DevicePluginApp:
             self.ready.set()
 
     def _spawn(self, coro: Any) -> None:
+        """A short-lived task (an event): its failure is logged, never lost, and never stops the plugin."""
         task = asyncio.ensure_future(coro)
         self._tasks.append(task)
-        task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+
+        def done(t: asyncio.Future[Any]) -> None:
+            if t in self._tasks:
+                self._tasks.remove(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("background step failed: %r", t.exception(), exc_info=t.exception())
+
+        task.add_done_callback(done)
 
     def _refresh_metrics_snapshot(self) -> None:
         """The inventory with held ids as ``used``, computed on the loop for the scrape thread."""
@@ -531,6 +577,7 @@ class DevicePluginApp:
         loop = asyncio.get_running_loop()
         next_reconcile = loop.time() + self.settings.reconcile_s
         while not stop.is_set():
+            self._beat = time.monotonic()
             self._refresh_metrics_snapshot()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.rediscover_s)
@@ -549,11 +596,8 @@ class DevicePluginApp:
         port = self.settings.metrics_port
         if not port:
             return
-        from prometheus_client import start_http_server
-
-        self._metrics_server, _thread = start_http_server(port, addr=self.settings.metrics_address,
-                                                          registry=self.registry)
-        log.info("serving /metrics on %s:%d", self.settings.metrics_address, port)
+        self._metrics_server = serve_http(self.settings.metrics_address, port, self.registry, self.liveness)
+        log.info("serving /metrics and /healthz on %s:%d", self.settings.metrics_address, port)
 
     # ---------------------------------------------------------------- shutdown
 
@@ -582,6 +626,31 @@ class DevicePluginApp:
             with contextlib.suppress(Exception):
                 self._api_client.close()
         log.info("device plugin stopped")
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        return None
+
+
+def serve_http(address: str, port: int, registry: CollectorRegistry,
+               liveness: Callable[[], tuple[bool, str]]) -> Any:
+    """``/metrics`` (the registry) and ``/healthz`` (200 while ``liveness`` says so, else 503) on a thread."""
+    from prometheus_client import make_wsgi_app
+    from prometheus_client.exposition import ThreadingWSGIServer
+
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") == "/healthz":
+            ok, message = liveness()
+            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [message.encode() + b"\n"]
+        return metrics_app(environ, start_response)
+
+    httpd = make_server(address, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+    threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True).start()
+    return httpd
 
 
 def _would_change(backend: Backend, gpu: Gpu, target: GpuTarget) -> bool:

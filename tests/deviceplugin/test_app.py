@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 from concurrent import futures
@@ -30,6 +31,7 @@ from deviceplugin._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplugin._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplugin.app import DevicePluginApp
 from deviceplugin.assignments import check_placement
+from deviceplugin.errors import DevicePluginError
 from deviceplugin.mps import MpsOptions, MpsSupervisor, pipe_dir, standin_command
 from deviceplugin.settings import Settings, load_config_file
 from deviceplugin.simulated import SimulatedBackend, builtin_topology
@@ -496,6 +498,33 @@ async def test_serves_metrics(env: Env) -> None:
     assert 'gpu_slice_plugin_rpc_duration_seconds_count{method="Allocate"} 1.0' in text
     assert 'gpu_slice_plugin_registrations_total{result="ok"}' in text
     assert "gpu_slice_slices_total" in text
+
+    def healthz() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    assert await asyncio.to_thread(healthz) == (200, "ok\n")
+    env.app.failure = "background task x died"
+    code, body = await asyncio.to_thread(healthz)
+    assert code == 503 and "x died" in body
+    env.app.failure = None
+
+
+async def test_a_dying_background_task_stops_the_plugin_with_an_error(env: Env) -> None:
+    plugin = await env.start()
+    registrar = plugin.app.registrar
+    assert registrar is not None
+
+    async def broken() -> None:
+        raise OSError("the plugin directory went read-only")  # not a RegistrationError: the loop dies
+
+    registrar.step = broken  # type: ignore[method-assign]
+    with pytest.raises(DevicePluginError, match="registrar died: OSError"):
+        await asyncio.wait_for(plugin.task, 20)
+    assert not plugin.app.liveness()[0]
 
 
 # --------------------------------------------------------------------------- settings and the command
