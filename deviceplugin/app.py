@@ -14,6 +14,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,7 @@ from gpuslice.placement import Placement
 log = logging.getLogger(__name__)
 
 CONFLICT_TAINT = "example.com/gpu-slice-conflict"
+EVENTS_KEPT = 256
 
 
 def make_backend(settings: Settings) -> Backend:
@@ -110,7 +112,8 @@ class DevicePluginApp:
         self.refusals: dict[str, Refusal] = {}
         self.conflicts: dict[str, Refusal] = {}  # GPU uuid -> another resource's claim while pods hold it
         self._tainted = False
-        self.events_sent: list[tuple[str, str, str]] = []  # (object, reason, message), for logs and tests
+        # (object, reason, message) of the latest events, for logs and tests; bounded
+        self.events_sent: deque[tuple[str, str, str]] = deque(maxlen=EVENTS_KEPT)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._publish = asyncio.Event()
         self._published: tuple[str, dict[str, str | None]] | None = None

@@ -175,6 +175,7 @@ class Stamper:
             log.info("stamped pod %s/%s allocated=%s", key[0], key[1], list(ids))
         live = {p.uid for p in self.book.pods.values()}
         self._stamped = {u: v for u, v in self._stamped.items() if u in live}
+        self._reported &= live  # bounded by the pods on this node, like _stamped
         return PassResult(len(admitted), new, stamped, missing, failed, mismatched)
 
     async def _burst(self) -> None:

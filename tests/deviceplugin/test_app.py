@@ -643,3 +643,10 @@ async def test_mode_change_withdraws_the_gpu_before_it_races_allocate(env: Env, 
     backend.go.set()
     await until(lambda: env.app.state is not None and env.app.state.gpus[1].mode == "whole", 10)
     await asyncio.to_thread(env.kubelet.wait_for_devices, RESOURCE, lambda d: not d.unhealthy, 10)
+
+
+async def test_sent_events_are_kept_bounded(env: Env) -> None:
+    app = DevicePluginApp(env.settings(use_kube=False), backend=SimulatedBackend(TOPO))
+    for n in range(300):
+        await app._node_event("GpuUnhealthy", f"event {n}", "Warning")
+    assert len(app.events_sent) == 256 and app.events_sent[-1][2] == "event 299"

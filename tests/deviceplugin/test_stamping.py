@@ -120,6 +120,21 @@ async def test_mismatch_is_counted_and_reported_once(podres: tuple[FakePodResour
     assert B[0] in message and A[0] in message
 
 
+async def test_bookkeeping_forgets_pods_that_are_gone(podres: tuple[FakePodResources, PodResourcesClient]) -> None:
+    server, client = podres
+    book = AssignmentBook(NODE)
+    stamper = Stamper(book, client, RESOURCE, write=Writer(), metrics=Metrics())
+    for n in range(20):
+        book.upsert(view(f"p{n}", A))
+        server.pods[("default", f"p{n}")] = B  # every pod mismatches once
+        await stamper.pass_once()
+        book.remove(f"uid-p{n}")
+        del server.pods[("default", f"p{n}")]
+    await stamper.pass_once()
+    assert stamper.mismatches == 20
+    assert not stamper._reported and not stamper._stamped
+
+
 async def test_nudge_retries_until_the_pod_shows_up(podres: tuple[FakePodResources, PodResourcesClient]) -> None:
     server, client = podres
     book = AssignmentBook(NODE)
