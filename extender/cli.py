@@ -29,6 +29,7 @@ log = logging.getLogger("gpu_slice.extender")
 
 DEFAULT_LEASE = "kube-system/gpu-slice-scheduler"
 DEFAULT_PORT = 8888
+API_POOL_SIZE = 64
 
 
 class SettingsError(ExtenderError):
@@ -120,10 +121,15 @@ def _api_client(kubeconfig: str | None) -> Any:
     from kubernetes import client, config
 
     try:
+        # /bind runs on up to 40 worker threads: a pool of 10 connections would open (and TLS-handshake)
+        # a new one for most binds under load.
+        conf = client.Configuration()
         if kubeconfig:
-            return config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-        return client.ApiClient()
+            config.load_kube_config(config_file=kubeconfig, client_configuration=conf)  # type: ignore[no-untyped-call]
+        else:
+            config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
+        conf.connection_pool_maxsize = API_POOL_SIZE
+        return client.ApiClient(conf)
     except config.ConfigException as err:
         where = kubeconfig or "the in-cluster service account"
         raise SettingsError(f"cannot use {where}: {err} (give --kubeconfig or --cluster)") from None

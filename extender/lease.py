@@ -239,6 +239,19 @@ class Fence:
             self.refresh()
         return self.holds()
 
+    def check_recent(self, max_age_s: float) -> bool:
+        """Fencing for /bind with fewer reads: a read younger than ``max_age_s`` that says this replica
+        holds the Lease is trusted (its renew time + duration still decides); any other answer comes
+        from a fresh read."""
+        if not self.enabled:
+            return True
+        with self._lock:
+            read_at = self._read_at
+        if read_at is not None and (self._clock() - read_at).total_seconds() < max_age_s and self.holds():
+            return True
+        self.refresh()
+        return self.holds()
+
     # ---- background polling
 
     def start(self, interval_s: float = 2.0) -> None:

@@ -230,6 +230,8 @@ def extender_args(value: object) -> ExtenderArgs:
                         "nodeCacheCapable: true, else a v1.NodeList in Nodes)")
     if raw_names is not None:
         names = _array(raw_names, "NodeNames", null_ok=False)
+        if all(type(n) is str and 0 < len(n) <= MAX_NAME_CHARS for n in names):  # the usual case: one pass
+            return ExtenderArgs(pod, node_names=tuple(names))
         return ExtenderArgs(pod, node_names=tuple(_string(n, f"NodeNames[{i}]") for i, n in enumerate(names)))
     node_list = _object(raw_nodes, "Nodes", "a v1.NodeList object")
     items = _array(node_list.get("items"), "Nodes.items")

@@ -141,6 +141,22 @@ def test_check_uses_a_recent_read(fake_api: FakeApiServer, fence_for: Any) -> No
     assert fake_api.request_count("get") == 2
 
 
+def test_check_recent_trusts_a_recent_yes_but_reads_again_after_a_no(fake_api: FakeApiServer,
+                                                                   fence_for: Any) -> None:
+    fake_api.store.put_lease(lease(holder="someone-else_1"))
+    clock = Clock()
+    fence = fence_for(clock=clock)
+    assert not fence.check_recent(1.0)
+    fake_api.store.put_lease(lease())  # now we lead: the next check reads again and sees it at once
+    assert fence.check_recent(1.0)
+    assert fake_api.request_count("get") == 2
+    assert fence.check_recent(1.0)  # a yes younger than a second is trusted
+    assert fake_api.request_count("get") == 2
+    clock.now += timedelta(seconds=1)
+    assert fence.check_recent(1.0)
+    assert fake_api.request_count("get") == 3
+
+
 def test_read_errors_fail_closed_on_the_last_record(fake_api: FakeApiServer, fence_for: Any) -> None:
     fake_api.store.put_lease(lease())
     clock = Clock()
