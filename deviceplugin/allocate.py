@@ -10,12 +10,16 @@ server can size its KV cache and batch without querying the GPU.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+import yaml
+
 from deviceplugin._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplugin.assignments import slice_fraction
+from deviceplugin.errors import SettingsError
 from deviceplugin.mps import mps_client_settings
 from deviceplugin.settings import Injection
 from gpuslice.model import NodeInventory
@@ -35,10 +39,46 @@ class Injector:
     """How devices reach the container, fixed at start-up from settings."""
 
     mode: Injection = "cdi"
-    cdi_vendor: str = "k8s.device-plugin.nvidia.com"
+    cdi_vendor: str = "nvidia.com"
     cdi_class: str = "gpu"
     mps_root: Path = Path("/run/gpu-slice/mps")
     mps_memory_only: bool = False
+
+
+def find_cdi_spec(vendor: str, class_: str, dirs: Iterable[Path]) -> Path | None:
+    """The first CDI spec file (``*.yaml``, ``*.yml``, ``*.json``) in ``dirs`` whose ``kind`` is
+    ``<vendor>/<class>``, or ``None``. Unreadable files are skipped."""
+    kind = f"{vendor}/{class_}"
+    for directory in dirs:
+        try:
+            entries = sorted(directory.iterdir())
+        except OSError:
+            continue
+        for path in entries:
+            if path.suffix not in (".yaml", ".yml", ".json"):
+                continue
+            try:
+                doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                continue
+            if isinstance(doc, dict) and doc.get("kind") == kind:
+                return path
+    return None
+
+
+def check_cdi_spec(vendor: str, class_: str, dirs: Iterable[Path]) -> Path:
+    """The spec that defines our CDI names; ``SettingsError`` with what to do when none does."""
+    dirs = list(dirs)
+    found = find_cdi_spec(vendor, class_, dirs)
+    if found is None:
+        raise SettingsError(
+            "cdi_vendor", f"no CDI spec of kind {vendor}/{class_} in {', '.join(str(d) for d in dirs)}: "
+            f"the container runtime could not resolve the names this plugin hands out "
+            f"({vendor}/{class_}=<GPU or MIG uuid>). Generate one with the NVIDIA Container Toolkit "
+            f"(v1.18+ writes /var/run/cdi/nvidia.yaml itself; else `nvidia-ctk cdi generate "
+            f"--output=/etc/cdi/nvidia.yaml`), mount that directory into the plugin, or choose "
+            f"--device-injection volume-mounts")
+    return found
 
 
 def device_uuids(placement: Placement) -> tuple[str, ...]:

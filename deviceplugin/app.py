@@ -23,7 +23,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry
 
 from deviceplugin._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from deviceplugin.allocate import Injector
+from deviceplugin.allocate import Injector, check_cdi_spec
 from deviceplugin.assignments import AssignmentBook, Candidate, PodView, pod_view
 from deviceplugin.backend import Backend, GpuTarget, HealthEvent
 from deviceplugin.coexistence import Refusal, find_refusals
@@ -171,6 +171,9 @@ class DevicePluginApp:
     async def _start(self, stop: asyncio.Event) -> None:
         s = self.settings
         self._loop = asyncio.get_running_loop()
+        if s.device_injection == "cdi" and s.backend == "nvml":
+            spec = await asyncio.to_thread(check_cdi_spec, s.cdi_vendor, s.cdi_class, s.cdi_spec_dirs)
+            log.info("CDI names %s/%s=<uuid> are defined by %s", s.cdi_vendor, s.cdi_class, spec)
         if self.backend is None:
             self.backend = await asyncio.to_thread(make_backend, s)
         backend = self.backend

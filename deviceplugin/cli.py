@@ -38,7 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how devices reach containers: CDI names (default), NVIDIA volume mounts, or "
                              "env only (NVIDIA_VISIBLE_DEVICES; pods can override it)")
     parser.add_argument("--cdi-vendor", dest="cdi_vendor",
-                        help="CDI vendor: k8s.device-plugin.nvidia.com (default) or nvidia.com (nvidia-ctk specs)")
+                        help="CDI vendor of the names handed out, <vendor>/gpu=<GPU or MIG uuid> (default "
+                             "nvidia.com: the NVIDIA Container Toolkit's specs); with the nvml backend a spec of "
+                             "that kind must exist in a --cdi-spec-dir at start-up")
+    parser.add_argument("--cdi-spec-dir", dest="cdi_spec_dirs", action="append",
+                        help="where CDI specs are looked for at start-up (repeatable; default /etc/cdi and "
+                             "/var/run/cdi)")
     parser.add_argument("--numa-topology", dest="numa_topology", action="store_const", const=True, default=None,
                         help="advertise NUMA topology (off by default: kubelet would then ignore preferences)")
     parser.add_argument("--taint-on-conflict", dest="conflict_taint", action="store_const", const=True,

@@ -28,6 +28,7 @@ DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins/")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 DEFAULT_MPS_ROOT = Path("/run/gpu-slice/mps")
 KUBELET_SOCKET_NAME = "kubelet.sock"
+DEFAULT_CDI_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _CDI_VENDOR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*[A-Za-z0-9]$")
@@ -49,7 +50,8 @@ class Settings:
     kubeconfig: Path | None = None
     use_kube: bool = True
     device_injection: Injection = "cdi"
-    cdi_vendor: str = "k8s.device-plugin.nvidia.com"
+    cdi_vendor: str = "nvidia.com"
+    cdi_spec_dirs: tuple[Path, ...] = DEFAULT_CDI_SPEC_DIRS
     cdi_class: str = "gpu"
     numa_topology: bool = False
     conflict_taint: bool = False
@@ -138,6 +140,10 @@ _PATH_FIELDS = frozenset({"topology", "plugin_dir", "pod_resources_socket", "kub
 
 def _coerce(name: str, value: Any, template: Any) -> Any:
     """Convert one flag value to the field's type, or say why not."""
+    if name == "cdi_spec_dirs":
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str | os.PathLike) for v in value):
+            raise SettingsError(name, f"must be a list of directories, got {value!r}")
+        return tuple(Path(v) for v in value)
     if name in _PATH_FIELDS:
         if not isinstance(value, str | os.PathLike):
             raise SettingsError(name, f"must be a path, got {value!r}")

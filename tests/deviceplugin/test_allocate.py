@@ -64,7 +64,7 @@ def test_whole_gpus_expose_each_gpu() -> None:
     ids = [sid for g in topo.gpus for sid in g.slice_ids()]
     resp = build_response(check_placement(inv, ids), inv, Injector())
     assert sorted(d.name for d in resp.cdi_devices) == sorted(
-        f"k8s.device-plugin.nvidia.com/gpu={g.uuid}" for g in topo.gpus)
+        f"nvidia.com/gpu={g.uuid}" for g in topo.gpus)
     assert resp.envs["GPU_SLICE_FRACTION"] == "2"
     assert resp.envs["GPU_SLICE_COUNT"] == "14"
 
@@ -75,3 +75,30 @@ def test_format_fraction() -> None:
     assert format_fraction(Fraction(1, 2)) == "0.5"
     assert format_fraction(Fraction(3, 7)) == "0.428571"
     assert format_fraction(Fraction(1)) == "1"
+
+
+def test_cdi_names_default_to_the_container_toolkits_and_a_spec_must_define_them(tmp_path: Path) -> None:
+    import asyncio
+
+    import pytest
+
+    from deviceplugin.allocate import check_cdi_spec, find_cdi_spec
+    from deviceplugin.app import DevicePluginApp
+    from deviceplugin.errors import SettingsError
+    from deviceplugin.settings import Settings
+
+    assert Injector().cdi_vendor == "nvidia.com" and Settings(node_name="n").cdi_vendor == "nvidia.com"
+    etc, run = tmp_path / "etc-cdi", tmp_path / "run-cdi"
+    etc.mkdir()
+    (etc / "other.yaml").write_text("cdiVersion: 0.5.0\nkind: example.com/fpga\ndevices: []\n")
+    (etc / "broken.json").write_text("{not json")
+    with pytest.raises(SettingsError, match=r"no CDI spec of kind nvidia\.com/gpu in .*nvidia-ctk cdi generate"):
+        check_cdi_spec("nvidia.com", "gpu", [etc, run])
+    run.mkdir()
+    (run / "nvidia.yaml").write_text("cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: GPU-1\n")
+    assert find_cdi_spec("nvidia.com", "gpu", [etc, run]) == run / "nvidia.yaml"
+    # The nvml backend refuses to start without a spec, before it touches NVML.
+    settings = Settings(node_name="n", backend="nvml", plugin_dir=tmp_path / "dp", use_kube=False, metrics_port=0,
+                        cdi_spec_dirs=(etc,)).validate()
+    with pytest.raises(SettingsError, match="no CDI spec"):
+        asyncio.run(DevicePluginApp(settings).run(asyncio.Event()))

@@ -18,3 +18,10 @@ def test_daemonset_has_a_liveness_probe_on_healthz() -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert probe["path"] == "/healthz"
     assert ports[probe["port"]] == Settings(node_name="n").metrics_port
+
+
+def test_daemonset_mounts_the_cdi_spec_directories() -> None:
+    ds = yaml.safe_load(DAEMONSET.read_text())
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {str(d) for d in Settings(node_name="n").cdi_spec_dirs} <= mounts

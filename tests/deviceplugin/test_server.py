@@ -91,7 +91,7 @@ async def test_allocate_follows_the_assignment(plugin: Plugin, kubelet: KubeletS
     assert result.ids() == frozenset(inst.slice_ids())
     resp = result.containers[0].response
     assert resp is not None
-    assert [d.name for d in resp.cdi_devices] == [f"k8s.device-plugin.nvidia.com/gpu={inst.uuid}"]
+    assert [d.name for d in resp.cdi_devices] == [f"nvidia.com/gpu={inst.uuid}"]
     assert resp.envs["GPU_SLICE_COUNT"] == "2"
     assert resp.envs["GPU_SLICE_MEMORY_BYTES"] == str(inst.memory_mib << 20)
     assert resp.envs["GPU_SLICE_FRACTION"] == "0.285714"
@@ -108,7 +108,7 @@ async def test_mps_allocation_gets_mps_settings(plugin: Plugin, kubelet: Kubelet
     assert resp.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "42"
     assert resp.envs["CUDA_MPS_PIPE_DIRECTORY"]
     assert {m.container_path for m in resp.mounts} >= {"/dev/shm", resp.envs["CUDA_MPS_PIPE_DIRECTORY"]}
-    assert [d.name for d in resp.cdi_devices] == [f"k8s.device-plugin.nvidia.com/gpu={plugin.mps.uuid}"]
+    assert [d.name for d in resp.cdi_devices] == [f"nvidia.com/gpu={plugin.mps.uuid}"]
 
 
 async def test_pod_without_assignment_gets_best_fit_skipping_pending_assignments(
