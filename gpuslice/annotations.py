@@ -33,6 +33,7 @@ import functools
 import json
 import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -512,12 +513,14 @@ class _Reader:
         return value
 
     def text_array(self, name: str) -> list[str]:
+        """Strings, interned: tens of thousands of pods name the same slice ids and GPUs, and one copy
+        of each string is shared with the node inventories."""
         value = self.array(name)
         for item in value:
             if not isinstance(item, str):
                 raise AnnotationError(f"{self.key}: field {self._path(name)} must be an array of strings, "
                                       f"got an array holding {_type_name(item)}")
-        return value
+        return [sys.intern(item) for item in value]
 
     def object(self, name: str) -> dict[str, Any]:
         value = self._get(name)

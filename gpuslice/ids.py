@@ -8,6 +8,7 @@ No other module formats or splits ids.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 
 from gpuslice.errors import DeviceIdError
@@ -46,7 +47,8 @@ def encode_all(owner: str, count: int) -> tuple[str, ...]:
     if count <= 0:
         return ()
     last = encode(owner, count - 1)  # validates the owner and the longest id
-    return (*(f"{owner}{SEPARATOR}{n}" for n in range(count - 1)), last)
+    # Interned: pods' decoded ids are the same strings, so a large cluster keeps one copy of each.
+    return (*(sys.intern(f"{owner}{SEPARATOR}{n}") for n in range(count - 1)), sys.intern(last))
 
 
 def decode(text: str) -> SliceId:

@@ -175,13 +175,23 @@ class PodInfo:
     products: frozenset[str] | None
     request: SliceRequest | None
     created: str
-    counted: Mapping[str, Any]  # the minimal pod mapping the counting rule reads
+    contract: tuple[object, object]  # the assignment and allocated annotations as written (None: absent)
     error: str = ""  # why the slice request could not be read ("" when fine)
     resource_version: str = ""  # the API server's version of the object: an unchanged pod is not read again
 
     @property
     def terminal(self) -> bool:
         return self.phase in TERMINAL_PHASES
+
+    @property
+    def counted(self) -> Mapping[str, Any]:
+        """The minimal pod mapping the counting rule reads, built when asked (kept small: a cluster
+        holds tens of thousands of projections)."""
+        namespace, _, name = self.label.partition("/")
+        kept = {k: v for k, v in zip((ann.ASSIGNMENT_KEY, ann.ALLOCATED_KEY), self.contract, strict=True)
+                if v is not None}
+        return {"metadata": {"uid": self.uid, "name": name, "namespace": namespace, "annotations": kept},
+                "spec": {"nodeName": self.node} if self.node else {}, "status": {"phase": self.phase}}
 
     def pack(self, slices_per_gpu: int, *, owner_spread: bool = True) -> PackRequest:
         """This pod as a packing request (raises ``RequestError`` when the request cannot be met as written)."""
@@ -226,12 +236,7 @@ def project(pod: Mapping[str, Any], *, isolation_default: Isolation = "any") -> 
         cpu, mem = 0, 0
         error = error or f"pod {label}: {err}"
     annotations = _obj(meta.get("annotations"), "metadata.annotations")
-    kept = {k: annotations[k] for k in (ann.ASSIGNMENT_KEY, ann.ALLOCATED_KEY) if k in annotations}
-    counted: dict[str, Any] = {
-        "metadata": {"uid": uid, "name": meta.get("name"), "namespace": meta.get("namespace"), "annotations": kept},
-        "spec": {"nodeName": node} if node else {},
-        "status": {"phase": phase},
-    }
+    contract = (annotations.get(ann.ASSIGNMENT_KEY), annotations.get(ann.ALLOCATED_KEY))
     return PodInfo(uid, label, node, phase, priority, owner, cpu, mem, products, request,
-                   created if isinstance(created, str) else "", counted, error,
+                   created if isinstance(created, str) else "", contract, error,
                    rv if isinstance(rv := meta.get("resourceVersion"), str) else "")

@@ -378,7 +378,7 @@ class ClusterView:
         claim: Claim | None
         problem: PodProblem | None
         if (prev is not None and prev.claim is not None and prev.claim.bound and prev.problem is None
-                and prev.info.counted == info.counted):
+                and (prev.info.contract, prev.info.node, prev.info.phase) == (info.contract, info.node, info.phase)):
             # A status update of a bound pod: its claim does not depend on the time, keep it.
             claim, problem, concerns = prev.claim, None, prev.concerns
         else:
