@@ -27,7 +27,7 @@ from deviceplugin.allocate import Injector, check_cdi_spec
 from deviceplugin.assignments import AssignmentBook, Candidate, PodView, pod_view
 from deviceplugin.backend import Backend, GpuTarget, HealthEvent
 from deviceplugin.coexistence import Refusal, find_refusals
-from deviceplugin.errors import DevicePluginError, KubeApiError, KubeUnavailable
+from deviceplugin.errors import DevicePluginError, KubeApiError, KubeUnavailable, SettingsError
 from deviceplugin.kube import KubeClient, Obj, Watcher, load_api_client
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.registration import Registrar
@@ -178,8 +178,10 @@ class DevicePluginApp:
             self.backend = await asyncio.to_thread(make_backend, s)
         backend = self.backend
         self.book = self._connect_kube()
-        state = PluginState(s.node_name, book=self.book, numa=s.numa_topology,
-                            numa_nodes=_numa_nodes(backend) if s.numa_topology else None)
+        numa_nodes = _numa_nodes(backend) if s.numa_topology else None
+        if numa_nodes is not None:
+            check_numa_layout(numa_nodes)
+        state = PluginState(s.node_name, book=self.book, numa=s.numa_topology, numa_nodes=numa_nodes)
         self.state = state
         if self.kube is not None:
             await self._sync_kube(stop)
@@ -667,6 +669,26 @@ def _would_change(backend: Backend, gpu: Gpu, target: GpuTarget) -> bool:
     if target.mode == "mig":
         return gpu.mode != "mig" or target.mig_layout is not None
     return (gpu.mode, gpu.slices) != (target.mode, target.slices)
+
+
+def check_numa_layout(numa_nodes: Mapping[str, int]) -> None:
+    """Refuse ``--numa-topology`` where kubelet could combine ids of two GPUs on one NUMA node.
+
+    Under a topology-manager policy other than ``none``, kubelet (manager.go devicesToAllocate,
+    filterByAffinity) asks GetPreferredAllocation only among the ids of the hinted NUMA node and tops
+    up from them at random; with two GPUs on that node it can pick ids of both, which form no
+    placement, and Allocate's refusal fails the pod's admission (UnexpectedAdmissionError).
+    """
+    by_node: dict[int, list[str]] = {}
+    for uuid, node in numa_nodes.items():
+        by_node.setdefault(node, []).append(uuid)
+    shared = {n: sorted(u) for n, u in by_node.items() if len(u) > 1}
+    if shared:
+        detail = "; ".join(f"NUMA node {n}: {', '.join(u)}" for n, u in sorted(shared.items()))
+        raise SettingsError(
+            "numa_topology", f"refused: several GPUs share a NUMA node ({detail}). Under a topology-manager "
+            f"policy kubelet would then hand one pod ids of two GPUs, which Allocate must refuse, failing the "
+            f"pod's admission. Run without --numa-topology (the default)")
 
 
 def _numa_nodes(backend: Backend) -> Mapping[str, int]:

@@ -45,7 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where CDI specs are looked for at start-up (repeatable; default /etc/cdi and "
                              "/var/run/cdi)")
     parser.add_argument("--numa-topology", dest="numa_topology", action="store_const", const=True, default=None,
-                        help="advertise NUMA topology (off by default: kubelet would then ignore preferences)")
+                        help="advertise each GPU's NUMA node (off by default). Refused when two GPUs share a NUMA "
+                             "node. Even with one GPU per node, under a topology-manager policy kubelet asks for "
+                             "and tops up ids only from the hinted node, so it can override the extender's GPU "
+                             "(counted as a mismatch) and, on a MIG GPU whose free ids span instances, hand ids "
+                             "that Allocate refuses (the pod fails admission)")
     parser.add_argument("--taint-on-conflict", dest="conflict_taint", action="store_const", const=True,
                         default=None,
                         help="taint the node example.com/gpu-slice-conflict:NoSchedule while another resource "

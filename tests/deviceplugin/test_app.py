@@ -650,3 +650,12 @@ async def test_sent_events_are_kept_bounded(env: Env) -> None:
     for n in range(300):
         await app._node_event("GpuUnhealthy", f"event {n}", "Warning")
     assert len(app.events_sent) == 256 and app.events_sent[-1][2] == "event 299"
+
+
+def test_numa_topology_is_refused_when_gpus_share_a_numa_node() -> None:
+    from deviceplugin.app import check_numa_layout
+    from deviceplugin.errors import SettingsError
+
+    check_numa_layout({MIG.uuid: 0, MPS.uuid: 1})
+    with pytest.raises(SettingsError, match=r"several GPUs share a NUMA node .*NUMA node 0"):
+        check_numa_layout({MIG.uuid: 0, MPS.uuid: 0})
