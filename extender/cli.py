@@ -135,6 +135,13 @@ def _api_client(kubeconfig: str | None) -> Any:
         raise SettingsError(f"cannot use {where}: {err} (give --kubeconfig or --cluster)") from None
 
 
+def slim_object(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """What the view reads of a watched object: the rest is dropped on arrival (memory at 50,000 pods)."""
+    from gpuslice import nodes, pods
+
+    return dict(pods.slim(obj) if kind == "Pod" else nodes.slim(obj))
+
+
 class Service:
     """The running pieces, started and stopped together (tests drive this without uvicorn)."""
 
@@ -169,7 +176,7 @@ class Service:
             self.ext = Extender(settings.config, ApiBinder(api), fence=self.fence, metrics=self.metrics,
                                 lease_name=lease)
             self.informer = Informer(api, self.ext, on_relist_metric=self.metrics.relisted,
-                                     on_error_metric=self.metrics.watch_error)
+                                     on_error_metric=self.metrics.watch_error, transform=slim_object)
         self._generation = self.fence.generation
         self._ticket: int | None = None
         self.signals: Any = None

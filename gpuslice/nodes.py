@@ -87,6 +87,21 @@ def node_price(node_labels: Mapping[str, Any], annotations: Mapping[str, Any], i
     return 0.0
 
 
+def slim(node: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The parts of a node that :func:`project_node` reads (a node's image list and conditions can
+    be most of it). Anything of an unexpected shape is kept, so the projection still names it."""
+    meta, status = node.get("metadata"), node.get("status")
+    if not isinstance(meta, Mapping):
+        return node
+    out_meta = {k: meta[k] for k in ("name", "uid", "resourceVersion", "labels", "annotations") if k in meta}
+    out: dict[str, Any] = {"kind": "Node", "metadata": out_meta}
+    if isinstance(status, Mapping):
+        out["status"] = {"allocatable": status["allocatable"]} if "allocatable" in status else {}
+    elif status is not None:
+        out["status"] = status
+    return out
+
+
 def project_node(node: Mapping[str, Any], *, config: Config | None = None,
                  previous: NodeInfo | None = None) -> NodeInfo:
     """The projection of a node mapping; never raises for a node that has a name.

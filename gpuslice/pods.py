@@ -24,7 +24,7 @@ from gpuslice import annotations as ann
 from gpuslice.errors import GpuSliceError, RequestError
 from gpuslice.packing.build import pack_request
 from gpuslice.packing.state import PackRequest
-from gpuslice.requests import Isolation, SliceRequest, parse_request
+from gpuslice.requests import ISOLATION_KEY, MEMORY_KEY, Isolation, SliceRequest, parse_request
 from gpuslice.units import MIB, parse_quantity
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -200,6 +200,49 @@ class PodInfo:
         return pack_request(self.request, slices_per_gpu=slices_per_gpu, cpu_milli=self.cpu_milli,
                             memory_mib=self.memory_mib, products=self.products,
                             owner=self.owner if owner_spread else "", uid=self.uid)
+
+
+_KEPT_ANNOTATIONS = frozenset({ann.ASSIGNMENT_KEY, ann.ALLOCATED_KEY, MEMORY_KEY, ISOLATION_KEY})
+_KEPT_META = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "ownerReferences")
+_KEPT_SPEC = ("nodeName", "nodeSelector", "priority", "overhead", "schedulerName")
+
+
+def _slim_containers(value: object) -> object:
+    if not isinstance(value, list):
+        return value
+    return [{k: c[k] for k in ("name", "resources", "restartPolicy") if k in c} if isinstance(c, Mapping) else c
+            for c in value]
+
+
+def slim(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The parts of a pod that :func:`project` reads, so a watch cache of tens of thousands of pods
+    does not hold their env, volumes and status. Anything of an unexpected shape is kept as it is, so
+    :func:`project` still names the fault."""
+    meta, spec, status = pod.get("metadata"), pod.get("spec"), pod.get("status")
+    if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
+        return pod
+    out_meta: dict[str, Any] = {k: meta[k] for k in _KEPT_META if k in meta}
+    annotations = meta.get("annotations")
+    if isinstance(annotations, Mapping):
+        out_meta["annotations"] = {k: v for k, v in annotations.items() if k in _KEPT_ANNOTATIONS}
+    elif annotations is not None:
+        out_meta["annotations"] = annotations
+    out_spec: dict[str, Any] = {k: spec[k] for k in _KEPT_SPEC if k in spec}
+    for key in ("containers", "initContainers"):
+        if key in spec:
+            out_spec[key] = _slim_containers(spec[key])
+    affinity = spec.get("affinity")
+    if isinstance(affinity, Mapping):
+        if "nodeAffinity" in affinity:
+            out_spec["affinity"] = {"nodeAffinity": affinity["nodeAffinity"]}
+    elif affinity is not None:
+        out_spec["affinity"] = affinity
+    out: dict[str, Any] = {"kind": "Pod", "metadata": out_meta, "spec": out_spec}
+    if isinstance(status, Mapping):
+        out["status"] = {"phase": status["phase"]} if "phase" in status else {}
+    elif status is not None:
+        out["status"] = status
+    return out
 
 
 def project(pod: Mapping[str, Any], *, isolation_default: Isolation = "any") -> PodInfo:

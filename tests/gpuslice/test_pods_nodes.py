@@ -343,3 +343,36 @@ def test_hostile_nodes_never_raise(edits: list[tuple[tuple[Any, ...], Any]]) -> 
     view.upsert_node(node)
     res = Scheduler.from_config(view, PRICES).filter(pod_obj("u1", 1), ["n1"], NOW)
     assert res.feasible == ("n1",) or res.failed or res.unresolvable
+
+
+def test_slim_objects_project_exactly_as_the_full_ones() -> None:
+    """The extender keeps slim copies of watched objects: they must read the same as the originals."""
+    from gpuslice import nodes as node_mod
+    from gpuslice import pods as pod_mod
+    from gpuslice.fakecluster import FakeClusterSpec, generate
+
+    items = generate(FakeClusterSpec(nodes=4, mode="mixed", pods_per_node=3, seed=7)).document["items"]
+    pods = [i for i in items if i["kind"] == "Pod"]
+    full_nodes = [i for i in items if i["kind"] == "Node"]
+    assert pods and full_nodes
+    for pod in pods:
+        pod = {**pod, "spec": {**pod["spec"], "volumes": [{"name": "x"}]},
+               "status": {**pod.get("status", {}), "conditions": [{"type": "Ready"}]}}
+        slim = pod_mod.slim(pod)
+        assert "volumes" not in slim["spec"] and "conditions" not in slim["status"]
+        assert pod_mod.project(slim) == pod_mod.project(pod)
+    for node in full_nodes:
+        node = {**node, "status": {**node["status"], "images": [{"names": ["a"] * 50}]}}
+        slim = node_mod.slim(node)
+        assert "images" not in slim["status"]
+        assert node_mod.project_node(slim) == node_mod.project_node(node)
+
+
+def test_slim_keeps_what_is_malformed_so_the_projection_names_it() -> None:
+    from gpuslice import nodes as node_mod
+    from gpuslice import pods as pod_mod
+
+    bad_node = {"metadata": {"name": "n"}, "status": "Ready"}
+    assert node_mod.project_node(node_mod.slim(bad_node)).error == node_mod.project_node(bad_node).error != ""
+    bad_pod = {"metadata": {"name": "p", "uid": "u", "ownerReferences": "rs"}, "spec": {"containers": "c"}}
+    assert pod_mod.project(pod_mod.slim(bad_pod)).error == pod_mod.project(bad_pod).error != ""
