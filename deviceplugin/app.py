@@ -27,6 +27,7 @@ from deviceplugin.allocate import Injector, check_cdi_spec
 from deviceplugin.assignments import AssignmentBook, Candidate, PodView, pod_view
 from deviceplugin.backend import Backend, GpuTarget, HealthEvent
 from deviceplugin.coexistence import Refusal, find_refusals
+from deviceplugin.dcgm import DcgmCollector, DcgmOptions, SliceUse
 from deviceplugin.errors import DevicePluginError, KubeApiError, KubeUnavailable, SettingsError
 from deviceplugin.kube import KubeClient, Obj, Watcher, load_api_client
 from deviceplugin.metrics import PluginMetrics
@@ -124,6 +125,7 @@ class DevicePluginApp:
         self._stop: asyncio.Event | None = None
         self._beat = time.monotonic()
         self._metrics_snapshot = NodeInventory(settings.node_name, ())
+        self._dcgm_uses: dict[str, SliceUse] = {}
 
     # ---------------------------------------------------------------- start-up
 
@@ -191,6 +193,9 @@ class DevicePluginApp:
         state.listeners.append(self._on_state_change)
         self._refresh_metrics_snapshot()
         self.metrics.watch_inventory(self._metrics_inventory, lambda: dict(state.unhealthy))
+        if backend.name == "simulated":
+            self.registry.register(DcgmCollector(lambda: self._metrics_snapshot.gpus, lambda: self._dcgm_uses,
+                                                 DcgmOptions(hostname=s.node_name)))
         self._start_metrics_server()
         backend.watch_health(self._health_from_thread)
         injector = Injector(mode=s.device_injection, cdi_vendor=s.cdi_vendor, cdi_class=s.cdi_class,
@@ -520,6 +525,26 @@ class DevicePluginApp:
             return
         inv = self.state.inventory()
         self._metrics_snapshot = inv.with_used(self._allocated() & inv.all_ids())
+        self._dcgm_uses = self._slice_uses()
+
+    def _slice_uses(self) -> dict[str, SliceUse]:
+        """Slice id -> the live pod holding it (PodResources' view first, then stamps), for DCGM labels."""
+        book = self.book
+        if book is None:
+            return {}
+        out: dict[str, SliceUse] = {}
+        by_key = {p.key: p for p in book.pods.values() if p.live}
+        for key, ids_ in book.admitted.items():
+            pod = by_key.get(key)
+            if pod is not None:
+                use = SliceUse(pod.namespace, pod.name, pod.container, pod.utilization)
+                out.update(dict.fromkeys(ids_, use))
+        for pod in by_key.values():
+            if pod.allocated_ids and pod.key not in book.admitted:
+                use = SliceUse(pod.namespace, pod.name, pod.container, pod.utilization)
+                for sid in pod.allocated_ids:
+                    out.setdefault(sid, use)
+        return out
 
     def _metrics_inventory(self) -> NodeInventory:
         """Read at scrape time on the metrics thread: only the last snapshot, never the live cache."""

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
+from deviceplugin.dcgm import UTILIZATION_ANNOTATION
 from deviceplugin.errors import PlacementRefused
 from gpuslice import ids
 from gpuslice.annotations import decode_allocated_for, decode_assignment_for, format_time, parse_time
@@ -62,6 +63,8 @@ class PodView:
     assigned_at: str = ""
     assignment_ids: tuple[str, ...] | None = None
     allocated_ids: tuple[str, ...] | None = None
+    utilization: str | None = None  # example.com/simulated-utilization, raw (the simulated DCGM series)
+    container: str = ""  # the container that requests slices (dcgm-exporter's container label)
     _order: tuple[datetime, datetime, str, str] = field(default=(datetime.min, datetime.min, "", ""), init=False,
                                                         repr=False, compare=False)
 
@@ -414,7 +417,25 @@ def pod_view(obj: Mapping[str, Any], node: str) -> PodView:
         allocated = None
     if allocated is not None:
         allocated_ids = allocated.slice_ids
+    annotations = meta.get("annotations") or {}
+    raw_util = annotations.get(UTILIZATION_ANNOTATION) if isinstance(annotations, Mapping) else None
     return PodView(namespace=namespace, name=name, uid=str(meta.get("uid", "")),
                    node_name=str(spec.get("nodeName") or ""), phase=str(status.get("phase") or "Pending"),
                    created=str(meta.get("creationTimestamp") or ""), assigned_at=assigned_at,
-                   assignment_ids=assignment_ids, allocated_ids=allocated_ids)
+                   assignment_ids=assignment_ids, allocated_ids=allocated_ids,
+                   utilization=None if raw_util is None else str(raw_util), container=_slice_container(spec))
+
+
+
+def _slice_container(spec: Mapping[str, Any]) -> str:
+    """The first container whose limits ask for an extended resource named ``*/gpu-slice``, else the first."""
+    containers = spec.get("containers") or []
+    names = []
+    for c in containers if isinstance(containers, list) else []:
+        if not isinstance(c, Mapping):
+            continue
+        names.append(str(c.get("name") or ""))
+        limits = (c.get("resources") or {}).get("limits") or {}
+        if isinstance(limits, Mapping) and any(str(k).endswith("/gpu-slice") for k in limits):
+            return names[-1]
+    return names[0] if names else ""

@@ -13,10 +13,13 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 from concurrent import futures
@@ -100,14 +103,15 @@ class Env:
     # ---- the extender's side, written by hand as JSON (the wire contract)
 
     def bind(self, name: str, ids: tuple[str, ...], *, at: str, gpus: tuple[str, ...], instance: str | None,
-             created: str = "2025-01-01T00:00:00Z") -> str:
+             created: str = "2025-01-01T00:00:00Z", annotations: dict[str, str] | None = None) -> str:
         uid = f"uid-{name}"
         assignment = {"v": 1, "podUID": uid, "node": NODE, "gpus": list(gpus), "instance": instance,
                       "sliceIds": list(ids), "policy": "fragmentation", "scores": {"fragmentation": 0.5},
                       "time": at}
         self.api.store.put_pod({
             "metadata": {"name": name, "namespace": "default", "uid": uid, "creationTimestamp": created,
-                         "annotations": {"example.com/gpu-slice.assignment": json.dumps(assignment)}},
+                         "annotations": {"example.com/gpu-slice.assignment": json.dumps(assignment),
+                                         **(annotations or {})}},
             "spec": {"nodeName": NODE, "schedulerName": "gpu-slice-scheduler", "containers": [{
                 "name": "main", "image": "llm",
                 "resources": {"limits": {RESOURCE: str(len(ids))}, "requests": {RESOURCE: str(len(ids))}}}]},
@@ -659,3 +663,85 @@ def test_numa_topology_is_refused_when_gpus_share_a_numa_node() -> None:
     check_numa_layout({MIG.uuid: 0, MPS.uuid: 1})
     with pytest.raises(SettingsError, match=r"several GPUs share a NUMA node .*NUMA node 0"):
         check_numa_layout({MIG.uuid: 0, MPS.uuid: 0})
+
+
+async def test_simulated_backend_serves_dcgm_series_with_pod_labels_to_a_real_prometheus(
+        env: Env, tmp_path: Path) -> None:
+    """The README's promise: dcgm-exporter-compatible series on the plugin's /metrics (simulated backend),
+    per GPU and per MIG instance, with the pod labels; scraped by Debian's prometheus where present."""
+    port = _free_port()
+    await env.start(metrics_port=port, metrics_address="127.0.0.1")
+    uuid, ids = inst(3)  # 3g.40gb
+    uid = env.bind("llm-mig", ids, at="2025-01-01T00:00:01Z", gpus=(MIG.uuid,), instance=uuid,
+                   annotations={"example.com/simulated-utilization": "60"})
+    mps_ids = MPS.slice_ids()[:2]
+    uid_m = env.bind("llm-mps", mps_ids, at="2025-01-01T00:00:02Z", gpus=(MPS.uuid,), instance=None,
+                     annotations={"example.com/simulated-utilization": "70"})
+    await env.seen("llm-mig", "llm-mps")
+    results = await env.kubelet.admit_async([slice_pod("llm-mig", 3, created=1.0, uid=uid),
+                                             slice_pod("llm-mps", 2, created=2.0, uid=uid_m)])
+    assert all(r.admitted for r in results)
+    await until(lambda: env.allocated("llm-mig") is not None and env.allocated("llm-mps") is not None)
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            return str(resp.read().decode())
+
+    async def series() -> str:
+        text = ""
+        async with asyncio.timeout(10):
+            while 'pod="llm-mps"' not in text or 'pod="llm-mig"' not in text:
+                text = await asyncio.to_thread(scrape)
+                await asyncio.sleep(0.1)
+        return text
+
+    text = await series()
+    mig_line = next(line for line in text.splitlines()
+                    if line.startswith("DCGM_FI_PROF_GR_ENGINE_ACTIVE{") and 'pod="llm-mig"' in line)
+    assert 'GPU_I_PROFILE="3g.40gb"' in mig_line and mig_line.endswith(" 0.6")
+    assert f'UUID="{MIG.uuid}"' in mig_line and 'namespace="default"' in mig_line and 'container="main"' in mig_line
+    gpu_line = next(line for line in text.splitlines()
+                    if line.startswith("DCGM_FI_DEV_GPU_UTIL{") and 'pod="llm-mps"' in line)
+    assert f'UUID="{MPS.uuid}"' in gpu_line and f'Hostname="{NODE}"' not in gpu_line
+    assert float(gpu_line.rsplit(" ", 1)[1]) == 20.0  # 70 % on 2 of 7 slices
+
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("Debian's prometheus binary is absent (apt-get install -y prometheus): "
+                    "the exposition was checked, a real scrape was not")
+    prom_port = _free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                      "scrape_configs:\n  - job_name: gpu-slice-device-plugin\n"
+                      f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n")
+    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{prom_port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def query(promql: str) -> list[dict[str, Any]]:
+            url = f"http://127.0.0.1:{prom_port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+            try:
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    body = json.loads(resp.read())
+            except OSError:
+                return []
+            result: list[dict[str, Any]] = body["data"]["result"]
+            return result
+
+        promql = 'max by (pod, namespace, container, UUID, GPU_I_PROFILE) (DCGM_FI_PROF_GR_ENGINE_ACTIVE{pod!=""})'
+        found: list[dict[str, Any]] = []
+        async with asyncio.timeout(30):
+            while len(found) < 2:
+                found = await asyncio.to_thread(query, promql)
+                await asyncio.sleep(0.3)
+        by_pod = {r["metric"]["pod"]: r for r in found}
+        assert by_pod["llm-mig"]["metric"]["GPU_I_PROFILE"] == "3g.40gb"
+        assert float(by_pod["llm-mig"]["value"][1]) == 0.6
+        assert by_pod["llm-mps"]["metric"]["UUID"] == MPS.uuid and "GPU_I_PROFILE" not in by_pod["llm-mps"]["metric"]
+        assert float(by_pod["llm-mps"]["value"][1]) == 0.2
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
