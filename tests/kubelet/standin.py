@@ -23,10 +23,15 @@ devices unhealthy). ``drop_stream`` ends the current stream from kubelet's side;
 makes the next registrations open no stream.
 
 Checked against the real kubelet code (``kubelet-dm``, tests/kubelet/test_kubelet_dm.py): registration,
-a dropped stream and the re-registration it needs, kubelet restarts.
+a dropped stream and the re-registration it needs, kubelet restarts (``restart(as_="kubelet-restart")``
+and ``"node-reboot"``: re-admission needs healthy checkpointed ids), an Allocate refusal failing the
+pod (kubelet writes ``UnexpectedAdmissionError``), what a container receives, and a resource nobody
+registered (admitted without devices).
 
-Not modelled: the kubelet's general resource-fit predicate (only "resource never
-registered" is refused, with kubelet's message), the 5-minute removal of a resource
+A resource no plugin ever registered is not refused: kubelet drops extended resources the node
+does not have from the fit check, so such a pod is admitted with no devices for it.
+
+Not modelled: the kubelet's general resource-fit predicate, the 5-minute removal of a resource
 whose plugin went away, the CPU and memory managers, DRA.
 """
 
@@ -667,10 +672,10 @@ class KubeletStandin:
             with self._lock:
                 known = resource in self._resources or resource in self._in_use
             if not known:
-                # kubelet's fit predicate would refuse the pod: the node has none of this resource.
-                raise AdmissionError(
-                    f"Node didn't have enough resource: {resource}, requested: {required}, used: 0, capacity: 0"
-                )
+                # Not a device plugin resource (manager.go isDevicePluginResource): the device manager
+                # skips it, and kubelet's fit predicate drops extended resources the node does not have
+                # (lifecycle/predicate.go removeMissingExtendedResources): the pod is admitted without it.
+                continue
             chosen = self._devices_to_allocate(pod, c, resource, required, reusable.get(resource, set()))
             if chosen.ids is None:
                 existing = self._pod_devices[pod.uid][c.name][resource]

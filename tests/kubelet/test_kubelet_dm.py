@@ -346,3 +346,23 @@ async def test_cordon_keeps_a_running_pod_admissible_after_a_node_reboot(env: En
             "example.com/gpu-slice.cordon": None}}})
         await asyncio.to_thread(env.cluster.stop_node)
         await asyncio.to_thread(env.cluster.start_node)
+
+
+async def test_a_resource_nobody_registered_is_dropped_as_the_stand_in_says(env: Env) -> None:
+    """lifecycle/predicate.go removeMissingExtendedResources: the pod is admitted without devices."""
+    from tests.kubelet.standin import KubeletStandin, slice_pod
+
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "unknown", "namespace": "default"},
+            "spec": {"nodeName": NODE, "restartPolicy": "Never", "containers": [{
+                "name": "main", "image": "x",
+                "resources": {"limits": {"example.com/unknown": "1"}, "requests": {"example.com/unknown": "1"}}}]}}
+    await asyncio.to_thread(env.api.core.create_namespaced_pod, "default", body)
+    pod = await env.running("unknown")
+    assert not run_options(pod).get("cdiDevices")
+    standin = KubeletStandin(env.dir / "dp", env.dir / "pr")
+    standin.start()
+    try:
+        [res] = standin.admit([slice_pod("unknown", 1, created=1.0, resource="example.com/unknown")])
+    finally:
+        standin.stop()
+    assert res.admitted and res.ids() == frozenset()
