@@ -55,6 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="taint the node example.com/gpu-slice-conflict:NoSchedule while another resource "
                              "advertises a GPU whose slices pods hold (it stays advertised; an event and a "
                              "metric say so either way)")
+    parser.add_argument("--preferred-wait-seconds", dest="preferred_wait_s", type=float,
+                        help="how long GetPreferredAllocation waits for the pod cache when no assignment of the "
+                             "asked size matches, before a best fit (default 2; 0 = never; a pod of another "
+                             "scheduler pays it once per container at admission)")
     parser.add_argument("--metrics-port", dest="metrics_port", type=int,
                         help="port for /metrics (0 = off; default 9402)")
     parser.add_argument("--metrics-address", dest="metrics_address", help="address for /metrics (default 0.0.0.0)")

@@ -745,3 +745,17 @@ async def test_simulated_backend_serves_dcgm_series_with_pod_labels_to_a_real_pr
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_preferred_wait_flag_reaches_the_settings() -> None:
+    import argparse
+
+    from deviceplugin import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--node-name", "n", "--preferred-wait-seconds", "0.5", "--taint-on-conflict"])
+    settings = cli.settings_from(args)
+    assert settings.preferred_wait_s == 0.5 and settings.conflict_taint
+    with pytest.raises(Exception, match="preferred_wait_s"):
+        cli.settings_from(parser.parse_args(["--node-name", "n", "--preferred-wait-seconds", "99"]))
