@@ -1,43 +1,458 @@
-"""The shipped manifests agree with the code: the config map validates and the flags exist."""
+"""The shipped manifests agree with the code.
+
+* the KubeSchedulerConfiguration's extender verbs, resource name and port match the extender's routes,
+  its container and its Service; its Lease matches the extender's ``--lease``, the RBAC and the
+  identity the extender fences with;
+* the DaemonSet's flags are accepted by the device plugin and it mounts, at the host's own paths,
+  what the plugin's settings then use (kubelet's directories, the MPS root, the CDI spec directories);
+* the shared config and the price table validate, joined as the extender reads them;
+* the admission policy names the service accounts the pods run as; RBAC is exactly what each needs;
+* alerts and the dashboard use series the code exports; the image and the Makefile are what the
+  README says.
+"""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-from typing import Any
+import json
+import re
+import shlex
+from pathlib import Path, PurePosixPath
 
+import pytest
 import yaml
 
 from gpuslice.config import load_config_text
+from gpuslice.requests import RESOURCE, parse_request
+from tests.manifests.built import (
+    EXAMPLES,
+    MANIFESTS,
+    NAMESPACE,
+    NEWEST,
+    OLDEST,
+    OVERLAYS,
+    REPO,
+    Obj,
+    build,
+    examples,
+    named_prefix,
+    one,
+)
 
-MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
+SCHEDULER_CONFIG = MANIFESTS / "scheduler" / "scheduler-config.yaml"
+PROFILE = "gpu-slice-scheduler"
 
 
-def _docs(name: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d]
+def _container(pod_spec: Obj, name: str) -> Obj:
+    (c,) = [c for c in pod_spec["containers"] + pod_spec.get("initContainers", []) if c["name"] == name]
+    return c
 
 
-def test_kustomization_lists_existing_files() -> None:
-    (kust,) = _docs("deviceplugin/kustomization.yaml")
-    for resource in kust["resources"]:
-        assert (MANIFESTS / "deviceplugin" / resource).is_file(), resource
+def _flag(args: list[str], name: str) -> str:
+    (value,) = [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
+    return value
 
 
-def test_shipped_config_validates() -> None:
-    (cm,) = _docs("deviceplugin/configmap.yaml")
-    config = load_config_text(cm["data"]["config.yaml"])
-    assert config.slices == 7
+def _mounts(pod_spec: Obj, container: Obj) -> dict[str, Obj]:
+    """Container mount path -> the volume it mounts."""
+    volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
+    return {m["mountPath"]: volumes[m["volumeName"] if "volumeName" in m else m["name"]]
+            for m in container.get("volumeMounts", [])}
 
 
-def test_daemonset_args_are_accepted_by_the_cli() -> None:
+def _mounted_at(pod_spec: Obj, container: Obj, path: PurePosixPath) -> tuple[PurePosixPath, Obj]:
+    """The deepest mount that holds ``path``: its mount path and volume."""
+    best: tuple[PurePosixPath, Obj] | None = None
+    for mount_path, volume in _mounts(pod_spec, container).items():
+        mp = PurePosixPath(mount_path)
+        if (path == mp or mp in path.parents) and (best is None or len(mp.parts) > len(best[0].parts)):
+            best = (mp, volume)
+    assert best is not None, f"{path} is not on any volume of container {container['name']}"
+    return best
+
+
+def _scheduler(objs: list[Obj]) -> tuple[Obj, Obj]:
+    dep = one(objs, "Deployment", "gpu-slice-scheduler")
+    cm = named_prefix(objs, "ConfigMap", "gpu-slice-scheduler-config")
+    return dep, yaml.safe_load(cm["data"]["scheduler-config.yaml"])
+
+
+# ---- the scheduler profile and the extender ---------------------------------------------------------
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_scheduler_config_matches_the_extender(overlay: str) -> None:
+    from extender.app import build_app
+    from extender.binder import MemoryBinder
+    from extender.service import Extender
+    from gpuslice.config import default_config
+
+    objs = build(overlay)
+    dep, config = _scheduler(objs)
+    assert config == yaml.safe_load(SCHEDULER_CONFIG.read_text()), "the ConfigMap is scheduler-config.yaml"
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["percentageOfNodesToScore"] == 100
+    assert [p["schedulerName"] for p in config["profiles"]] == [PROFILE]
+    (ext,) = config["extenders"]
+    assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False and ext["weight"] > 0
+    assert ext["managedResources"] == [{"name": RESOURCE, "ignoredByScheduler": False}]
+
+    # Every verb is a POST route of the extender's app, at urlPrefix + "/" + verb.
+    app = build_app(Extender(default_config(), MemoryBinder([])))
+    routes = {r.path: r.methods for r in app.routes}  # type: ignore[attr-defined]
+    url = re.fullmatch(r"http://127\.0\.0\.1:(\d+)", ext["urlPrefix"])
+    assert url, ext["urlPrefix"]
+    for key in ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb"):
+        assert "POST" in routes[f"/{ext[key]}"], key
+
+    # The port: the extender container listens there, declares it, and the Service and probes use it.
+    pod = dep["spec"]["template"]["spec"]
+    extender = _container(pod, "extender")
+    assert extender["args"][0] == "extender"
+    port = int(url.group(1))
+    assert int(_flag(extender["args"], "port")) == port
+    assert _flag(extender["args"], "address") in ("0.0.0.0", "127.0.0.1")
+    ports = {p["name"]: p["containerPort"] for p in extender["ports"]}
+    assert ports["metrics"] == port
+    assert extender["readinessProbe"]["httpGet"]["path"] == "/readyz" and "GET" in routes["/readyz"]
+    assert extender["livenessProbe"]["httpGet"]["path"] == "/healthz" and "GET" in routes["/healthz"]
+    assert "GET" in routes["/metrics"]
+    svc = one(objs, "Service", "gpu-slice-scheduler-metrics")
+    assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    (svc_port,) = svc["spec"]["ports"]
+    assert svc_port["targetPort"] in ("metrics", port)
+    monitor = one(objs, "ServiceMonitor", "gpu-slice-scheduler")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} == {svc_port["name"]}
+    netpol = one(objs, "NetworkPolicy", "gpu-slice-scheduler")
+    assert [p["port"] for r in netpol["spec"]["ingress"] for p in r["ports"]] == [port]
+
+    # kube-scheduler reads the mounted config.
+    sched = _container(pod, "kube-scheduler")
+    path = PurePosixPath(_flag(sched["command"], "config"))
+    mount, volume = _mounted_at(pod, sched, path)
+    assert volume["configMap"]["name"] == named_prefix(objs, "ConfigMap", "gpu-slice-scheduler-config")[
+        "metadata"]["name"]
+    assert str(path.relative_to(mount)) == "scheduler-config.yaml"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_leader_election_lease_is_the_one_the_extender_fences_on(overlay: str) -> None:
+    from extender import cli
+
+    objs = build(overlay)
+    dep, config = _scheduler(objs)
+    election = config["leaderElection"]
+    assert election["leaderElect"] is True and election["resourceLock"] == "leases"
+    assert dep["spec"]["replicas"] == 2
+    pod = dep["spec"]["template"]["spec"]
+    extender = _container(pod, "extender")
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(extender["args"][1:])
+    assert args.lease == f"{election['resourceNamespace']}/{election['resourceName']}"
+    assert not args.no_fencing
+    # kube-scheduler's identity is <hostname>_<uuid>; a pod's host name is its name.
+    assert args.identity == "$(POD_NAME)"
+    env = {e["name"]: e for e in extender["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # The pod's service account may read and renew exactly that Lease.
+    role = one(objs, "Role", "gpu-slice-scheduler-lease")
+    assert role["metadata"]["namespace"] == election["resourceNamespace"]
+    (rule,) = role["rules"]
+    assert rule["resources"] == ["leases"] and rule["resourceNames"] == [election["resourceName"]]
+    assert set(rule["verbs"]) == {"get", "list", "watch", "update"}
+    binding = one(objs, "RoleBinding", "gpu-slice-scheduler-lease")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"],
+                                    "namespace": NAMESPACE}]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_extender_config_is_the_shared_config_and_the_price_table_joined(overlay: str, tmp_path: Path) -> None:
+    from extender import cli
+
+    objs = build(overlay)
+    dep, _ = _scheduler(objs)
+    pod = dep["spec"]["template"]["spec"]
+    shared = named_prefix(objs, "ConfigMap", "gpu-slice-config")["data"]["config.yaml"]
+    prices = named_prefix(objs, "ConfigMap", "gpu-slice-prices")["data"]["prices.yaml"]
+    # The init container joins the two files into the path the extender reads.
+    join = _container(pod, "join-config")
+    script = join["command"][-1]
+    words = shlex.split(script)
+    assert words[0] == "cat" and words[-2] == ">"
+    extender = _container(pod, "extender")
+    target = _flag(extender["args"], "config")
+    assert words[-1] == target
+    (_, run_volume) = _mounted_at(pod, join, PurePosixPath(target))
+    (_, seen_volume) = _mounted_at(pod, extender, PurePosixPath(target))
+    assert run_volume is seen_volume and "emptyDir" in run_volume
+    sources = []
+    for src in words[1:-2]:
+        mount, volume = _mounted_at(pod, join, PurePosixPath(src))
+        name = volume["configMap"]["name"]
+        (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == name]
+        sources.append(cm["data"][str(PurePosixPath(src).relative_to(mount))])
+    assert sources == [shared, prices]
+    config = load_config_text("".join(sources))
+    assert config.prices.gpu_hourly and config.slices == 7
+    # The extender starts with these flags and that file.
+    (tmp_path / "config.yaml").write_text("".join(sources))
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args([a if not a.startswith("--config=") else f"--config={tmp_path / 'config.yaml'}"
+                              for a in extender["args"][1:]])
+    settings = cli.build_settings(args)
+    assert settings.config.prices == config.prices
+
+
+# ---- the device plugin ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_daemonset_mounts_what_the_plugin_settings_use(overlay: str, tmp_path: Path) -> None:
     from deviceplugin import cli
+    from deviceplugin.settings import build as build_settings
 
-    (ds,) = _docs("deviceplugin/daemonset.yaml")
-    container = ds["spec"]["template"]["spec"]["containers"][0]
+    objs = build(overlay)
+    ds = one(objs, "DaemonSet", "gpu-slice-device-plugin")
+    pod = ds["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
     assert container["args"][0] == "device-plugin"
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     args = parser.parse_args(container["args"][1:])
-    assert args.backend == "nvml"
-    mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources"} <= mounts
+    config_path = PurePosixPath(args.config)
+    mount, volume = _mounted_at(pod, container, config_path)
+    cm = named_prefix(objs, "ConfigMap", "gpu-slice-config")
+    assert volume["configMap"]["name"] == cm["metadata"]["name"]
+    local_config = tmp_path / "config.yaml"
+    local_config.write_text(cm["data"][str(config_path.relative_to(mount))])
+    flags = {k: v for k, v in vars(args).items() if k != "log_level"}
+    flags["config"] = str(local_config)
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    s = build_settings(flags, env={"NODE_NAME": "gpu-node-1"})
+    assert s.backend == {"nvidia": "nvml", "simulated": "simulated"}[overlay]
+
+    def on_host_at_same_path(path: Path, *, file_parent: bool = False) -> None:
+        p = PurePosixPath(path.parent if file_parent else path)
+        mp, vol = _mounted_at(pod, container, p)
+        assert "hostPath" in vol, f"{p} must be a host path (kubelet and pods see it)"
+        assert PurePosixPath(vol["hostPath"]["path"]) / p.relative_to(mp) == p, f"{p} is not at the host's path"
+
+    on_host_at_same_path(s.plugin_dir)                      # our socket; kubelet.sock beside it
+    on_host_at_same_path(s.pod_resources_socket, file_parent=True)
+    on_host_at_same_path(s.mps_dir)                         # Allocate hands pods host paths under it
+    if s.backend == "nvml" and s.device_injection == "cdi":
+        for d in s.cdi_spec_dirs:
+            on_host_at_same_path(d)
+    # /metrics and /healthz on the declared port, probed by kubelet.
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == s.metrics_port
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}, probe
+    podmon = one(objs, "PodMonitor", "gpu-slice-device-plugin")
+    assert podmon["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    assert {e["port"] for e in podmon["spec"]["podMetricsEndpoints"]} == {"metrics"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_daemonset_placement(overlay: str) -> None:
+    ds = one(build(overlay), "DaemonSet", "gpu-slice-device-plugin")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == 1
+    tolerated = {t["key"] for t in pod["tolerations"] if t["operator"] == "Exists" and "effect" not in t}
+    assert {"nvidia.com/gpu", "cloud.google.com/gke-spot", "cloud.google.com/gke-preemptible",
+            "karpenter.sh/capacity-type", "kubernetes.azure.com/scalesetpriority",
+            "example.com/gpu-slice-conflict"} <= tolerated
+    if overlay == "nvidia":
+        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        keys = {e["key"] for t in terms for e in t["matchExpressions"]}
+        assert keys == {"nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present"}
+        assert pod["hostPID"] is True and pod["containers"][0]["securityContext"]["privileged"] is True
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    else:
+        assert pod["nodeSelector"] == {"example.com/gpu-slice.simulated": "true"}
+        assert not pod.get("hostPID") and not pod["containers"][0]["securityContext"].get("privileged")
+
+
+# ---- who may do what --------------------------------------------------------------------------------
+
+def _rules(objs: list[Obj], name: str) -> set[tuple[str, str, str]]:
+    role = one(objs, "ClusterRole", name)
+    return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+            for v in rule["verbs"]}
+
+
+def test_rbac_is_least_privilege() -> None:
+    objs = build("nvidia")
+    assert _rules(objs, "gpu-slice-device-plugin") == {
+        *{("", "pods", v) for v in ("get", "list", "watch", "patch")},
+        *{("", "nodes", v) for v in ("get", "list", "watch", "patch")},
+        ("", "events", "create")}
+    assert _rules(objs, "gpu-slice-extender") == {
+        *{("", "nodes", v) for v in ("get", "list", "watch")},
+        *{("", "pods", v) for v in ("get", "list", "watch", "patch")},
+        ("", "pods/binding", "create")}
+    for o in objs:
+        for rule in o.get("rules", []):
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"], o["metadata"]["name"]
+            assert "secrets" not in rule["resources"], o["metadata"]["name"]
+    bound = {(b["roleRef"]["name"], s["name"]) for b in objs if b["kind"] == "ClusterRoleBinding"
+             for s in b["subjects"]}
+    assert bound == {("gpu-slice-device-plugin", "gpu-slice-device-plugin"),
+                     ("gpu-slice-extender", "gpu-slice-extender"),
+                     ("system:kube-scheduler", "gpu-slice-extender"),
+                     ("system:volume-scheduler", "gpu-slice-extender")}
+
+
+def test_admission_policy_names_the_service_accounts_the_pods_run_as() -> None:
+    objs = build("nvidia")
+    text = json.dumps([o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"])
+    named = set(re.findall(r"system:serviceaccount:([a-z0-9-]+):([a-z0-9-]+)", text))
+    accounts = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objs if o["kind"] == "ServiceAccount"}
+    used = {(NAMESPACE, one(objs, kind, name)["spec"]["template"]["spec"]["serviceAccountName"])
+            for kind, name in (("DaemonSet", "gpu-slice-device-plugin"), ("Deployment", "gpu-slice-scheduler"))}
+    assert named == accounts == used
+    policies = {o["metadata"]["name"] for o in objs if o["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = {o["spec"]["policyName"] for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert policies == bindings == {"gpu-slice-annotations", "gpu-slice-device-plugin-own-node"}
+
+
+def test_every_namespaced_object_is_in_the_project_namespace_or_the_lease_namespace() -> None:
+    objs = build("nvidia")
+    spaces = {o["metadata"].get("namespace") for o in objs}
+    assert spaces == {None, NAMESPACE, "kube-system"}
+    in_kube_system = {(o["kind"], o["metadata"]["name"]) for o in objs
+                      if o["metadata"].get("namespace") == "kube-system"}
+    assert in_kube_system == {("Role", "gpu-slice-scheduler-lease"), ("RoleBinding", "gpu-slice-scheduler-lease"),
+                              ("RoleBinding", "gpu-slice-scheduler-authentication-reader")}
+    ns = one(objs, "Namespace", NAMESPACE)
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+# ---- metrics ----------------------------------------------------------------------------------------
+
+def _exported_series() -> set[str]:
+    from prometheus_client import CollectorRegistry
+
+    from deviceplugin.metrics import PluginMetrics, SliceCollector
+    from extender.metrics import ExtenderMetrics
+
+    names: set[str] = set()
+    registry = CollectorRegistry()
+    PluginMetrics(registry)
+    ext = ExtenderMetrics()
+    families = [*registry.collect(), *ext.registry.collect(), *SliceCollector(lambda: None).describe()]  # type: ignore[arg-type,return-value]
+    for fam in families:
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
+                    "summary": ("_sum", "_count")}.get(fam.type, ("",))
+        names |= {fam.name + s for s in suffixes}
+    return names
+
+
+#: Series from elsewhere that the alerts read on purpose.
+EXTERNAL_SERIES = {"kube_pod_status_reason"}
+_PROMQL_WORDS = {"sum", "max", "min", "avg", "count", "by", "without", "rate", "increase", "histogram_quantile",
+                 "and", "or", "unless", "on", "ignoring", "vector", "le", "humanizeDuration"}
+
+
+def _series_in(expr: str) -> set[str]:
+    expr = re.sub(r'\{[^}]*\}', "", expr)          # label matchers
+    expr = re.sub(r'\[[^\]]*\]', "", expr)          # ranges
+    expr = re.sub(r'\bby\s*\([^)]*\)', "", expr)    # grouping labels
+    return {w for w in re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr) if w not in _PROMQL_WORDS}
+
+
+def test_alerts_read_series_the_code_exports() -> None:
+    exported = _exported_series()
+    rule = one(build("nvidia"), "PrometheusRule", "gpu-slice")
+    alerts = {r["alert"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert {"GpuSliceSignalStale", "GpuSliceSlicesUnhealthy", "GpuSlicePodAdmissionFailed",
+            "GpuSliceAssignmentNotHonoured", "GpuSliceExtenderSlow"} <= alerts.keys()
+    for name, expr in alerts.items():
+        series = _series_in(expr)
+        assert series, name
+        assert series <= exported | EXTERNAL_SERIES, f"{name} reads {series - exported - EXTERNAL_SERIES}"
+
+
+def test_dashboard_reads_series_the_code_exports() -> None:
+    exported = _exported_series()
+    objs = build("nvidia")
+    (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gpu-slice-dashboard"]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dash = json.loads(cm["data"]["gpu-slice.json"])
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert len(exprs) >= 10
+    for expr in exprs:
+        series = _series_in(expr)
+        assert series and series <= exported, f"{expr}: {series - exported}"
+
+
+# ---- what users copy --------------------------------------------------------------------------------
+
+def test_examples_opt_in_and_are_sized_by_memory() -> None:
+    objs = build("nvidia")
+    pc = one(objs, "PriorityClass", "gpu-slice-serving")
+    assert pc["preemptionPolicy"] == "Never" and pc["globalDefault"] is False
+    templates = {(f, o["kind"]): o["spec"]["template"] for f, o in examples() if o["kind"] in ("Deployment", "Job")}
+    assert set(templates) == {("vllm.yaml", "Deployment"), ("tgi.yaml", "Deployment"),
+                              ("mig-only.yaml", "Deployment"), ("batch-spot.yaml", "Job")}
+    for (f, _), tpl in templates.items():
+        spec = tpl["spec"]
+        assert spec["schedulerName"] == PROFILE, f
+        assert spec["priorityClassName"] == pc["metadata"]["name"], f
+        req = parse_request({"metadata": tpl["metadata"], "spec": spec})
+        assert req is not None and req.memory_mib is not None, f
+        for c in spec["containers"]:
+            assert not any(m["mountPath"] == "/dev/shm" for m in c.get("volumeMounts", [])), \
+                f"{f}: /dev/shm is the MPS daemon's, mounted by the device plugin"
+    mig = parse_request({"metadata": templates[("mig-only.yaml", "Deployment")]["metadata"],
+                         "spec": templates[("mig-only.yaml", "Deployment")]["spec"]})
+    assert mig is not None and mig.isolation == "mig"
+    job = templates[("batch-spot.yaml", "Job")]["spec"]
+    assert {"karpenter.sh/capacity-type", "cloud.google.com/gke-spot"} <= {t["key"] for t in job["tolerations"]}
+    kinds = {(f, o["kind"]) for f, o in examples()}
+    for f in ("vllm.yaml", "tgi.yaml"):
+        assert {(f, "Service"), (f, "HorizontalPodAutoscaler")} <= kinds
+
+
+def test_image_and_makefile() -> None:
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    version = project["project"]["version"]
+    docker = (REPO / "Dockerfile").read_text()
+    froms = re.findall(r"^FROM\s+(\S+)", docker, re.M)
+    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)", docker, re.M)
+    assert base and re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+(@sha256:[0-9a-f]{64})?", base.group(1)), \
+        "a pinned slim base"
+    assert froms and all("${PYTHON_IMAGE}" in f for f in froms)
+    users = re.findall(r"^USER\s+(\S+)", docker, re.M)
+    assert users and users[-1].split(":")[0] not in ("0", "root"), "the image runs as non-root"
+    assert re.search(r'^ENTRYPOINT \["gpu-slice"\]$', docker, re.M)
+    for pkg in ("gpuslice", "gpuslice_cli", "simulator", "deviceplugin", "extender"):
+        assert f"COPY {pkg} {pkg}" in docker, pkg
+    # Every gpu-slice container runs this version and starts the right subcommand.
+    objs = build("nvidia")
+    images = {c["image"] for o in objs if o["kind"] in ("Deployment", "DaemonSet")
+              for c in o["spec"]["template"]["spec"]["containers"] + o["spec"]["template"]["spec"].get(
+                  "initContainers", []) if "gpu-slice" in c["image"]}
+    assert images == {f"gpu-slice:{version}"}
+    make = (REPO / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z-]+):", make, re.M))
+    assert {"install", "test", "lint", "image", "manifests"} <= targets
+
+
+def test_readme_install_section() -> None:
+    readme = (REPO / "README.md").read_text()
+    install = readme.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+    for overlay in OVERLAYS:
+        assert f"kubectl apply -k manifests/overlays/{overlay}" in install
+        assert (MANIFESTS / "overlays" / overlay / "kustomization.yaml").is_file()
+    for example in re.findall(r"manifests/examples/([\w.-]+\.yaml)", install):
+        assert (EXAMPLES / example).is_file(), example
+    versions = readme.split("\n## Supported versions\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| Kubernetes \| (\S+) to (\S+) \|", versions, re.M)
+    assert rows == [(OLDEST, NEWEST)]

@@ -1,0 +1,79 @@
+"""Building the shipped kustomize tree: ``kubectl kustomize`` once per overlay, cached for the session.
+
+Every test that reads the built objects goes through ``build``; when kubectl is absent they skip with
+the reason (``.ci/run`` installs it, so CI never skips them).
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFESTS = REPO / "manifests"
+OVERLAYS = ("nvidia", "simulated")
+EXAMPLES = MANIFESTS / "examples"
+NAMESPACE = "gpu-slice-system"
+
+#: The Kubernetes versions the manifests are validated against (README "Supported versions").
+OLDEST, NEWEST = "1.30", "1.36"
+
+#: Kinds of the Prometheus operator, which no Kubernetes schema covers.
+MONITORING_KINDS = frozenset({"PodMonitor", "ServiceMonitor", "PrometheusRule"})
+
+Obj = dict[str, Any]
+
+
+def kubectl() -> str | None:
+    return shutil.which("kubectl")
+
+
+@functools.cache
+def _build(path: str) -> tuple[Obj, ...]:
+    exe = kubectl()
+    assert exe is not None
+    done = subprocess.run([exe, "kustomize", path], capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        raise AssertionError(f"kubectl kustomize {path} failed:\n{done.stderr}")
+    return tuple(d for d in yaml.safe_load_all(done.stdout) if d)
+
+
+def build(overlay: str) -> list[Obj]:
+    """The objects ``kubectl kustomize manifests/overlays/<overlay>`` renders (skips without kubectl)."""
+    if kubectl() is None:
+        pytest.skip("kubectl is not installed (.ci/run installs it): the kustomize tree cannot be built")
+    return [dict(o) for o in _build(str(MANIFESTS / "overlays" / overlay))]
+
+
+def build_text(path: Path) -> str:
+    exe = kubectl()
+    if exe is None:
+        pytest.skip("kubectl is not installed (.ci/run installs it)")
+    done = subprocess.run([exe, "kustomize", str(path)], capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout
+
+
+def one(objs: list[Obj], kind: str, name: str | None = None) -> Obj:
+    found = [o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def named_prefix(objs: list[Obj], kind: str, prefix: str) -> Obj:
+    """A generated object (ConfigMap with a hash suffix) by its name before the suffix."""
+    found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"].startswith(prefix + "-")]
+    assert len(found) == 1, f"expected one {kind} {prefix}-<hash>, found {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def examples() -> list[tuple[str, Obj]]:
+    out = []
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        out += [(path.name, d) for d in yaml.safe_load_all(path.read_text()) if d]
+    return out
