@@ -322,8 +322,12 @@ def test_admission_policy_names_the_service_accounts_the_pods_run_as() -> None:
 
 def test_every_namespaced_object_is_in_the_project_namespace_or_the_lease_namespace() -> None:
     objs = build("nvidia")
-    spaces = {o["metadata"].get("namespace") for o in objs}
-    assert spaces == {None, NAMESPACE, "kube-system"}
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "ValidatingAdmissionPolicy",
+                      "ValidatingAdmissionPolicyBinding"}
+    for o in objs:
+        where = o["metadata"].get("namespace")
+        assert (where is None) == (o["kind"] in cluster_scoped), f"{o['kind']} {o['metadata']['name']}: {where}"
+        assert where in (None, NAMESPACE, "kube-system")
     in_kube_system = {(o["kind"], o["metadata"]["name"]) for o in objs
                       if o["metadata"].get("namespace") == "kube-system"}
     assert in_kube_system == {("Role", "gpu-slice-scheduler-lease"), ("RoleBinding", "gpu-slice-scheduler-lease"),

@@ -1,0 +1,199 @@
+"""Both overlays against a real kube-apiserver 1.36, and the real kube-scheduler and the extender under
+the shipped service account, RBAC and profile (``../shared/k8s``; skipped where it is absent).
+
+* ``nvidia`` is applied (server-side apply, strict field validation: a field the API server does not
+  know fails); ``simulated`` is applied as a server-side dry run over it. The Prometheus operator's
+  kinds are served by stand-in CRDs created here (group, version, kind and scope of the real ones; no
+  schema: ``tests/manifests/test_schemas.py`` checks their fields).
+* kube-scheduler runs the built profile (the ConfigMap's ``scheduler-config.yaml``) with the
+  Deployment's flags, as the service account ``gpu-slice-system/gpu-slice-extender``: it must start and
+  win the Lease ``kube-system/gpu-slice-scheduler`` with only the shipped RBAC.
+* the extender runs with the Deployment's flags and the joined config as the same service account
+  and must become ready and see itself as leader (list+watch of nodes and pods, reads of the Lease).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.manifests.built import NAMESPACE, REPO, build, kubectl, named_prefix, one
+
+CLUSTER = REPO.parent / "shared" / "k8s" / "cluster"
+SA = f"{NAMESPACE}/gpu-slice-extender"
+
+pytestmark = [
+    pytest.mark.skipif(not CLUSTER.is_file(), reason=f"no real control plane: {CLUSTER} is absent"),
+    pytest.mark.skipif(kubectl() is None, reason="kubectl is not installed (.ci/run installs it)"),
+    pytest.mark.timeout(180),
+]
+
+MONITORING_CRDS = (("PodMonitor", "podmonitors"), ("ServiceMonitor", "servicemonitors"),
+                   ("PrometheusRule", "prometheusrules"))
+
+
+def _cluster(*args: str, timeout: float = 120) -> str:
+    done = subprocess.run([sys.executable, str(CLUSTER), *args], capture_output=True, text=True, timeout=timeout,
+                          check=False)
+    if done.returncode != 0:
+        raise AssertionError(f"cluster {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout.strip()
+
+
+def _kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
+    exe = kubectl()
+    assert exe is not None
+    done = subprocess.run([exe, "--kubeconfig", str(kubeconfig), *args], input=stdin, capture_output=True,
+                          text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} failed:\n{done.stderr[-4000:]}")
+    return done.stdout
+
+
+def _wait(what: str, check: Callable[[], Any], timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.3)
+
+
+def _stub_crd(kind: str, plural: str) -> dict[str, Any]:
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                     "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
+                     "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                         "type": "object", "properties": {"spec": {
+                             "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}}}]}}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Path]:
+    work = Path(tempfile.mkdtemp(prefix="gsm", dir="/tmp"))
+    try:
+        _cluster("up", str(work))
+        yield work
+    finally:
+        try:
+            _cluster("down", str(work), timeout=60)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, ""
+    except OSError:
+        return 0, ""
+
+
+def test_overlays_apply_and_the_scheduler_and_extender_run_under_the_shipped_rbac(cluster: Path) -> None:
+    admin = cluster / "kubeconfig"
+    crds = "\n---\n".join(yaml.safe_dump(_stub_crd(k, p)) for k, p in MONITORING_CRDS)
+    _kubectl(admin, "apply", "--server-side", "-f", "-", stdin=crds)
+    _kubectl(admin, "wait", "--for=condition=Established", "--timeout=30s",
+             *[f"crd/{p}.monitoring.coreos.com" for _, p in MONITORING_CRDS])
+
+    nvidia, simulated = build("nvidia"), build("simulated")
+    apply = ["apply", "--server-side", "--field-manager=gpu-slice-install", "--validate=strict", "-f", "-"]
+    out = _kubectl(admin, *apply, stdin=yaml.safe_dump_all(nvidia))
+    assert out.count("serverside-applied") == len(nvidia), out
+    out = _kubectl(admin, *apply, "--dry-run=server", stdin=yaml.safe_dump_all(simulated))
+    assert out.count("serverside-applied (server dry run)") == len(simulated), out
+    got = json.loads(_kubectl(admin, "get", "-n", NAMESPACE, "daemonset,deployment,service,configmap,"
+                                                            "podmonitor,servicemonitor,prometheusrule", "-o", "json"))
+    assert {i["kind"] for i in got["items"]} >= {"DaemonSet", "Deployment", "Service", "ConfigMap", "PodMonitor",
+                                                 "ServiceMonitor", "PrometheusRule"}
+
+    # kube-scheduler with the shipped profile and flags, as the scheduler pod's service account.
+    sa_config = Path(_cluster("sa-kubeconfig", str(cluster), SA, str(cluster / "sa.kubeconfig")))
+    dep = one(nvidia, "Deployment", "gpu-slice-scheduler")
+    pod = dep["spec"]["template"]["spec"]
+    (sched,) = [c for c in pod["containers"] if c["name"] == "kube-scheduler"]
+    flags = [f for f in sched["command"][1:] if not f.startswith("--config=")]
+    config = yaml.safe_load(named_prefix(nvidia, "ConfigMap", "gpu-slice-scheduler-config")["data"][
+        "scheduler-config.yaml"])
+    port = _free_port()
+    config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{port}"
+    config["clientConnection"]["kubeconfig"] = str(sa_config)
+    sched_config = cluster / "scheduler-config.yaml"
+    sched_config.write_text(yaml.safe_dump(config))
+    _cluster("scheduler", str(cluster), str(sched_config), "--", *flags)
+    election = config["leaderElection"]
+    lease_path = ["get", "lease", "-n", election["resourceNamespace"], election["resourceName"], "-o",
+                  "jsonpath={.spec.holderIdentity}"]
+
+    def holder() -> str:
+        try:
+            return _kubectl(admin, *lease_path).strip()
+        except AssertionError:
+            return ""
+
+    identity = _wait("kube-scheduler to win its Lease under the shipped RBAC", holder, 45)
+    host = identity.rsplit("_", 1)[0]
+    assert host == socket.gethostname()
+
+    # The extender with the Deployment's flags, the joined config and the same service account.
+    (ext,) = [c for c in pod["containers"] if c["name"] == "extender"]
+    joined = cluster / "extender-config.yaml"
+    joined.write_text(named_prefix(nvidia, "ConfigMap", "gpu-slice-config")["data"]["config.yaml"]
+                      + named_prefix(nvidia, "ConfigMap", "gpu-slice-prices")["data"]["prices.yaml"])
+    args = []
+    for a in ext["args"]:
+        if a.startswith("--config="):
+            a = f"--config={joined}"
+        elif a.startswith("--address="):
+            a = "--address=127.0.0.1"
+        elif a.startswith("--port="):
+            a = f"--port={port}"
+        args.append(a.replace("$(POD_NAME)", host))
+    log = (cluster / "extender.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "gpuslice_cli", *args, "--kubeconfig", str(sa_config)],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        def ready() -> bool:
+            if proc.poll() is not None:
+                out = (cluster / "extender.log").read_text()
+                raise AssertionError(f"the extender exited {proc.returncode}:\n{out}")
+            status, _ = _get(f"http://127.0.0.1:{port}/readyz")
+            if status != 200:
+                return False
+            _, metrics = _get(f"http://127.0.0.1:{port}/metrics")
+            return "gpu_slice_extender_leader 1.0" in metrics
+
+        _wait("the extender to sync and see its scheduler hold the Lease", ready, 45)
+        text = (cluster / "extender.log").read_text()
+        assert "403" not in text and "Forbidden" not in text, text
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
