@@ -6,12 +6,13 @@ the right mode, size or memory), so kube-scheduler does not try preemption there
 cause is what is in use now (slices, CPU, the owner-spread rule, a cordon).
 
 Causes are computed for all refused nodes at once over the unit arrays (no per-unit Python loop),
-so explaining 5,000 refusals costs a few milliseconds; only the final strings are built per node,
-from a cache keyed by the cause and its numbers.
+so explaining 5,000 refusals costs a few milliseconds; a sentence is written once per distinct
+cause and numbers, then shared by every node with that cause.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +35,7 @@ class Explained:
     texts: tuple[str, ...]
     unresolvable: B
 
-    def as_dict(self, names: tuple[str, ...]) -> dict[str, tuple[str, bool]]:
+    def as_dict(self, names: Sequence[str]) -> dict[str, tuple[str, bool]]:
         return {names[int(v)]: (t, bool(u)) for v, t, u in zip(self.rows, self.texts, self.unresolvable, strict=True)}
 
 
@@ -58,6 +59,11 @@ _KIND_BITS = {KIND_MPS: 1, KIND_WHOLE: 2, KIND_MIG: 4}
 
 def _bits(mask: int, table: dict[int, int]) -> set[int]:
     return {k for k, bit in table.items() if mask & bit}
+
+
+def _ones(mask: int) -> list[int]:
+    """The positions of the set bits, lowest first (MIG sizes and GPU indexes travel as bit masks)."""
+    return [x for x in range(mask.bit_length()) if mask >> x & 1]
 
 
 def explain(state: ClusterState, req: PackRequest, fit: Fit, rows: I64) -> Explained:
@@ -183,7 +189,7 @@ def _word(state: ClusterState, req: PackRequest, code: int, a: int, b: int, c: i
         return (f"pod asks {req.isolation} isolation and the node has no {want} (modes here: "
                 f"{_kinds_text(_bits(b, _KIND_BITS))})")
     if code == SIZE:
-        mig_sizes = [x for x in range(63) if a & (1 << x)]
+        mig_sizes = _ones(a)
         parts = []
         if mig_sizes:
             name = state.products[c]
@@ -201,7 +207,7 @@ def _word(state: ClusterState, req: PackRequest, code: int, a: int, b: int, c: i
         return (f"no GPU or MIG instance here gives {format_mib(req.gpu_memory_mib)} of GPU memory to a "
                 f"{k}-slice pod (at most {format_mib(a)} here)")
     if code == CORDON:
-        blocked = [x for x in range(63) if a & (1 << x)]
+        blocked = _ones(a)
         listed = ", ".join(map(str, blocked))
         return f"GPU {listed} could take the pod but {'is' if len(blocked) == 1 else 'are'} unhealthy or cordoned"
     if code == OWNER:

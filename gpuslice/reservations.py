@@ -68,6 +68,3 @@ class Reservations:
                 del self.held[uid]
                 out.append(r)
         return out
-
-    def on_node(self, node: str) -> list[Reservation]:
-        return [r for r in self.held.values() if r.node == node]

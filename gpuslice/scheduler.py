@@ -216,7 +216,8 @@ class Scheduler:
         out: list[str] = []
         for u in units:
             free = [sid for sid in view.unit_ids(name, int(u)) if sid not in held]
-            out.extend(free[:slices] if len(free) > slices and int(self.state.unit_cap[u]) > slices else free)
+            # A MIG instance or whole GPU is taken whole; an MPS GPU gives the first free ``slices``.
+            out.extend(free if int(self.state.unit_cap[u]) == slices else free[:slices])
         return tuple(out)
 
     def filter_request(self, req: PackRequest, rows: I64 | None, now: float, *, reserve: bool = True,
