@@ -8,8 +8,18 @@ Usage mirrors the real binary::
 ``-d`` starts a detached server listening on a unix socket ``control`` in the pipe directory, writes
 its pid to ``standin.pid`` there, and returns once it listens (exit 1 if one already answers).
 Without ``-d`` each stdin line is sent to the server and its answer printed; exit 1 when no daemon
-answers. Commands: ``set_default_active_thread_percentage <pct>``, ``get_default_active_thread_percentage``,
-``set_default_device_pinned_mem_limit <dev> <value>``, ``get_server_list``, ``quit``.
+answers. As with the real front end, a rejected command prints ``Error: ...`` on stdout and the exit
+status stays 0.
+
+Commands, with the documented semantics of the real daemon (NVIDIA MPS docs, "Tools and Interface
+Reference"): ``get_server_list``; ``start_server -uid <uid>`` (what a client's first connection does:
+a server, with a made-up PID, that takes the *default* limits in force at that moment);
+``shutdown_server <pid> [-f]``; ``set_default_active_thread_percentage <pct>`` and
+``set_default_device_pinned_mem_limit <dev> <value>`` (reach only servers spawned later);
+``set_active_thread_percentage <pid> <pct>`` and ``set_device_pinned_mem_limit <pid> <dev> <value>``
+(one running server: clients that connect to it afterwards); the matching ``get_*`` commands; ``quit``.
+Memory values are an integer followed by ``M`` or ``G``. ``GPU_SLICE_MPS_STANDIN_REFUSE`` (comma list of
+command prefixes, read by the daemon) makes it reject those commands, for failure tests.
 
 So that test runs never leave it behind, the server also exits when its pipe directory disappears or
 after ``GPU_SLICE_MPS_STANDIN_LIFETIME_S`` seconds (if set).
@@ -19,16 +29,38 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SOCKET_NAME = "control"
 PID_NAME = "standin.pid"
 _DEFAULT_PIPE = "/tmp/nvidia-mps"
 _DEFAULT_LOG = "/var/log/nvidia-mps"
+_MEMORY = re.compile(r"^[1-9][0-9]*[MG]$")
+_FIRST_SERVER_PID = 40000
+
+
+@dataclass
+class _Server:
+    uid: str
+    active_thread_percentage: float
+    pinned: dict[str, str]
+
+
+@dataclass
+class _Daemon:
+    """What the stand-in remembers: the defaults and each (made-up) server's own limits."""
+
+    active_thread_percentage: float = 100.0
+    pinned: dict[str, str] = field(default_factory=dict)
+    servers: dict[int, _Server] = field(default_factory=dict)
+    next_pid: int = _FIRST_SERVER_PID
+    refuse: tuple[str, ...] = ()
 
 
 def _pipe_dir() -> Path:
@@ -63,7 +95,8 @@ def _serve() -> int:
     pipe = _pipe_dir()
     lifetime = float(os.environ.get("GPU_SLICE_MPS_STANDIN_LIFETIME_S", "0") or 0)
     started = time.monotonic()
-    state = {"active_thread_percentage": "100.0", "pinned": ""}
+    refuse = tuple(p for p in os.environ.get("GPU_SLICE_MPS_STANDIN_REFUSE", "").split(",") if p)
+    state = _Daemon(refuse=refuse)
     os.chdir(pipe)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(SOCKET_NAME)
@@ -102,28 +135,71 @@ def _serve() -> int:
                     return 0
 
 
-def _answer(line: str, state: dict[str, str]) -> tuple[str, bool]:
+def _percentage(text: str) -> float | None:
+    try:
+        pct = float(text)
+    except ValueError:
+        return None
+    return pct if 0 < pct <= 100 else None
+
+
+def _answer(line: str, state: _Daemon) -> tuple[str, bool]:
     words = line.split()
     if not words:
         return "", False
     cmd, args = words[0], words[1:]
+    if any(cmd.startswith(prefix) for prefix in state.refuse):
+        return f"Error: {cmd} refused (GPU_SLICE_MPS_STANDIN_REFUSE)\n", False
     if cmd == "quit":
         return "", True
-    if cmd == "get_default_active_thread_percentage":
-        return state["active_thread_percentage"] + "\n", False
+    server: _Server | None = None
+    if cmd in ("set_active_thread_percentage", "get_active_thread_percentage", "set_device_pinned_mem_limit",
+               "get_device_pinned_mem_limit", "shutdown_server", "get_client_list") and args:
+        server = state.servers.get(int(args[0])) if args[0].isdigit() else None
+        if server is None:
+            return f"Error: no MPS server with PID {args[0]}\n", False
+    if cmd == "get_server_list" and not args:
+        return "".join(f"{pid}\n" for pid in sorted(state.servers)), False
+    if cmd == "start_server" and len(args) == 2 and args[0] == "-uid" and args[1].isdigit():
+        state.servers[state.next_pid] = _Server(args[1], state.active_thread_percentage, dict(state.pinned))
+        state.next_pid += 1
+        return "", False
+    if cmd == "shutdown_server" and server is not None and len(args) in (1, 2):
+        del state.servers[int(args[0])]
+        return "", False
+    if cmd == "get_client_list" and server is not None:
+        return "", False
+    if cmd == "get_default_active_thread_percentage" and not args:
+        return f"{state.active_thread_percentage:.1f}\n", False
     if cmd == "set_default_active_thread_percentage" and len(args) == 1:
-        try:
-            pct = float(args[0])
-        except ValueError:
-            return f"Invalid percentage {args[0]}\n", False
-        state["active_thread_percentage"] = f"{pct:.1f}"
-        return state["active_thread_percentage"] + "\n", False
+        pct = _percentage(args[0])
+        if pct is None:
+            return f"Error: invalid percentage {args[0]}\n", False
+        state.active_thread_percentage = pct
+        return f"{pct:.1f}\n", False
+    if cmd == "get_active_thread_percentage" and server is not None and len(args) == 1:
+        return f"{server.active_thread_percentage:.1f}\n", False
+    if cmd == "set_active_thread_percentage" and server is not None and len(args) == 2:
+        pct = _percentage(args[1])
+        if pct is None:
+            return f"Error: invalid percentage {args[1]}\n", False
+        server.active_thread_percentage = pct
+        return f"{pct:.1f}\n", False
     if cmd == "set_default_device_pinned_mem_limit" and len(args) == 2:
-        state["pinned"] = f"{args[0]}={args[1]}"
+        if not _MEMORY.match(args[1]):
+            return f"Error: invalid memory limit {args[1]}\n", False
+        state.pinned[args[0]] = args[1]
         return "", False
-    if cmd == "get_server_list":
+    if cmd == "get_default_device_pinned_mem_limit" and len(args) == 1:
+        return state.pinned.get(args[0], "") + "\n", False
+    if cmd == "set_device_pinned_mem_limit" and server is not None and len(args) == 3:
+        if not _MEMORY.match(args[2]):
+            return f"Error: invalid memory limit {args[2]}\n", False
+        server.pinned[args[1]] = args[2]
         return "", False
-    return f"Unrecognized command {line}\n", False
+    if cmd == "get_device_pinned_mem_limit" and server is not None and len(args) == 2:
+        return server.pinned.get(args[1], "") + "\n", False
+    return f"Error: unrecognized command {line}\n", False
 
 
 def _daemonise() -> int:
