@@ -111,6 +111,11 @@ class NvmlBackend:
 
     # ---- discovery -------------------------------------------------------------------------------
 
+    @property
+    def mps(self) -> MpsSupervisor | None:
+        """The supervisor of this backend's MPS daemons (the app sets their limits through it)."""
+        return self._mps
+
     def discover(self) -> tuple[Gpu, ...]:
         """The GPUs as NVML reports them now (skipped GPUs and instances are in ``warnings``)."""
         nv = self._nvml

@@ -213,6 +213,11 @@ class SimulatedBackend:
         if mps is not None:
             mps.set_gpus(g.uuid for g in topo.gpus if g.mode == "mps")
 
+    @property
+    def mps(self) -> MpsSupervisor | None:
+        """The supervisor of this backend's MPS daemons (the app sets their limits through it)."""
+        return self._mps
+
     def discover(self) -> tuple[Gpu, ...]:
         with self._lock:
             gpus = sorted(self._gpus.values(), key=lambda g: g.index)
