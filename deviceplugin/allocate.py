@@ -3,7 +3,9 @@
 Devices are injected by CDI names or by NVIDIA's volume-mount list, not by env, because a pod can
 override its env (DESIGN 3); the env-only strategy exists as an explicit option for runtimes with
 neither. A MIG placement exposes its MIG UUID, MPS and whole placements the GPU UUID. MPS placements
-also get the client settings of ``deviceplugin.mps`` (pipe directory, ``/dev/shm``, limits), and every
+also get the client settings of ``deviceplugin.mps`` (pipe directory, ``/dev/shm``, and the pod's own
+share as ``CUDA_MPS_*`` env: information a pod can override, since the cap a client cannot raise is
+set in the GPU's MPS daemon before Allocate answers, see ``deviceplugin.mps_limits``), and every
 placement gets ``GPU_SLICE_COUNT``, ``GPU_SLICE_FRACTION`` and ``GPU_SLICE_MEMORY_BYTES`` so an LLM
 server can size its KV cache and batch without querying the GPU.
 """

@@ -31,6 +31,7 @@ from deviceplugin.dcgm import DcgmCollector, DcgmOptions, SliceUse
 from deviceplugin.errors import DevicePluginError, KubeApiError, KubeUnavailable, SettingsError
 from deviceplugin.kube import KubeClient, Obj, Watcher, load_api_client
 from deviceplugin.metrics import PluginMetrics
+from deviceplugin.mps_limits import MpsLimitKeeper
 from deviceplugin.registration import Registrar
 from deviceplugin.server import DevicePluginServicer, PluginState
 from deviceplugin.settings import Settings
@@ -106,6 +107,7 @@ class DevicePluginApp:
         self.state: PluginState | None = None
         self.registrar: Registrar | None = None
         self.stamper: Stamper | None = None
+        self.mps_limits: MpsLimitKeeper | None = None
         self.servicer: DevicePluginServicer | None = None
         self.kube: _Kube | None = None
         self.podres = PodResourcesClient(settings.pod_resources_socket)
@@ -185,6 +187,10 @@ class DevicePluginApp:
             check_numa_layout(numa_nodes)
         state = PluginState(s.node_name, book=self.book, numa=s.numa_topology, numa_nodes=numa_nodes)
         self.state = state
+        # Before discovery, so each daemon gets its cap before its GPU first turns healthy.
+        self.mps_limits = MpsLimitKeeper(getattr(backend, "mps", None), state.inventory, lambda: self.book,
+                                         "memory-only" if s.mps_memory_limit_only else "memory-and-threads",
+                                         registry=self.registry)
         if self.kube is not None:
             await self._sync_kube(stop)
         await self._read_admitted()
@@ -201,7 +207,8 @@ class DevicePluginApp:
         injector = Injector(mode=s.device_injection, cdi_vendor=s.cdi_vendor, cdi_class=s.cdi_class,
                             mps_root=s.mps_dir, mps_memory_only=s.mps_memory_limit_only)
         servicer = DevicePluginServicer(state, injector, metrics=self.metrics, on_allocate=self._on_allocate,
-                                        preferred_wait_s=s.preferred_wait_s)
+                                        preferred_wait_s=s.preferred_wait_s,
+                                        before_answer=self.mps_limits.before_allocate)
         self.servicer = servicer
         self.registrar = Registrar(
             s.plugin_dir, s.endpoint, s.resource_name,
@@ -303,6 +310,8 @@ class DevicePluginApp:
         if state.set_gpus(gpus):
             log.info("GPU layout: %s", ", ".join(f"{g.index}:{g.product}:{g.mode}(S={g.slices})" for g in state.gpus))
         self._sync_health(quiet=quiet)
+        if self.mps_limits is not None:  # every rediscovery: a pod that left lowers its GPU's cap
+            self.mps_limits.refresh()
 
     async def _apply_targets(self, gpus: tuple[Gpu, ...], targets: dict[str, GpuTarget]) -> list[str]:
         """Change idle GPUs to their targets without racing Allocate.

@@ -62,7 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", dest="metrics_port", type=int,
                         help="port for /metrics (0 = off; default 9402)")
     parser.add_argument("--metrics-address", dest="metrics_address", help="address for /metrics (default 0.0.0.0)")
-    parser.add_argument("--mps-root", dest="mps_root", help="host directory of the MPS daemons' pipes and shm")
+    parser.add_argument("--mps-root", dest="mps_root",
+                        help="host directory of the MPS daemons' pipes and shm. Each mps GPU's daemon caps every "
+                             "client at the share of the largest pod on that GPU (set before Allocate answers; "
+                             "1 slice when idle): exact when the GPU's pods are one size; with mixed sizes a "
+                             "smaller pod is held to its own share only by its CUDA_MPS_* env, which it can "
+                             "override up to that cap")
     parser.add_argument("--read-only", dest="read_only", action="store_const", const=True, default=None,
                         help="nvml backend: never change modes or MIG layouts, only report")
     parser.add_argument("--log-level", dest="log_level", default="INFO", help="logging level (default INFO)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -23,7 +23,7 @@ from deviceplugin._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplugin.allocate import Injector, build_response
 from deviceplugin.assignments import AssignmentBook, Candidate, check_placement, preferred
 from deviceplugin.backend import HealthEvent
-from deviceplugin.errors import DevicePluginError, PlacementRefused
+from deviceplugin.errors import DevicePluginError, MpsError, PlacementRefused
 from deviceplugin.registration import StreamTracker
 from gpuslice.errors import GpuSliceError
 from gpuslice.model import Gpu, NodeInventory
@@ -258,8 +258,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 
     def __init__(self, state: PluginState, injector: Injector, *, metrics: RpcObserver | None = None,
                  on_allocate: Callable[[Placement, Candidate | None], None] | None = None,
-                 streams: StreamTracker | None = None, preferred_wait_s: float = 2.0) -> None:
+                 streams: StreamTracker | None = None, preferred_wait_s: float = 2.0,
+                 before_answer: Callable[[Placement], Awaitable[str | None]] | None = None) -> None:
         self.state = state
+        # Awaited for every placement before Allocate answers (the MPS daemon cap, deviceplugin.mps_limits);
+        # a reason string refuses the request.
+        self.before_answer = before_answer
         self.preferred_wait_s = preferred_wait_s
         self.streams = streams if streams is not None else StreamTracker()
         self._end = asyncio.Event()
@@ -340,6 +344,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                              "or kubelet ignored the preference)", sorted(ids))
                 resp.container_responses.append(build_response(placement, self.state.inventory(), self.injector))
                 done.append((placement, match))
+            if self.before_answer is not None:
+                for placement, _ in done:
+                    why = await self.before_answer(placement)
+                    if why is not None:
+                        raise MpsError(why)
         except PlacementRefused as exc:
             log.warning("Allocate refused %s: %s", [list(c.devices_ids) for c in request.container_requests], exc)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"gpu-slice: ids form no valid placement: {exc}")
