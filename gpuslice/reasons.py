@@ -157,11 +157,30 @@ def explain(state: ClusterState, req: PackRequest, fit: Fit, rows: I64) -> Expla
             assign(gpu_bad, BUSY_WHOLE)
     assign(~fit.cpu[rows], CPU, state.node_cpu_free[rows])
     assign(~fit.memory[rows], MEM, state.node_mem_free[rows])
-    keys = np.stack([code, p1, p2, p3], axis=1)
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-    words = [_word(state, req, *map(int, row)) for row in uniq]
-    texts = tuple(words[j] for j in inverse.reshape(-1).tolist())
+    first, inverse = _groups((code, p1, p2, p3))
+    words = [_word(state, req, int(code[i]), int(p1[i]), int(p2[i]), int(p3[i])) for i in first.tolist()]
+    texts = tuple(map(words.__getitem__, inverse.tolist()))
     return Explained(rows, texts, code < HARD)
+
+
+def _groups(columns: Sequence[I64]) -> tuple[I64, I64]:
+    """Rows with equal values in every column: the first row of each group and each row's group.
+
+    Each column is replaced by its dense rank (a 1-D ``np.unique``) and folded into one integer per
+    row, re-ranked whenever the next fold could overflow; one more 1-D ``np.unique`` then groups
+    the rows. Far cheaper than ``np.unique(axis=0)``, which sorts rows as opaque byte strings."""
+    n = columns[0].shape[0]
+    combined = np.zeros(n, dtype=np.int64)
+    distinct = 1
+    for col in columns:
+        uniq, rank = np.unique(col, return_inverse=True)
+        if distinct * uniq.shape[0] >= 2**62:
+            seen, combined = np.unique(combined, return_inverse=True)
+            combined, distinct = combined.reshape(-1).astype(np.int64), int(seen.shape[0])
+        combined = combined * uniq.shape[0] + rank.reshape(-1)
+        distinct *= int(uniq.shape[0])
+    _, first, inverse = np.unique(combined, return_index=True, return_inverse=True)
+    return first.astype(np.int64), inverse.reshape(-1).astype(np.int64)
 
 
 def _word(state: ClusterState, req: PackRequest, code: int, a: int, b: int, c: int) -> str:

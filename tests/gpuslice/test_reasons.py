@@ -308,3 +308,16 @@ def test_reason_for_mig_instance_too_small_for_the_memory(isolation: str) -> Non
     text = only_reason(decide([node], pod_obj("u1", 1, gpu_memory="20Gi", isolation=isolation)), "n1", hard=True)
     assert text == ("no GPU or MIG instance here gives 20.00 GiB of GPU memory to a 1-slice pod (at most 9.75 GiB "
                     "here)")
+
+
+def test_groups_match_row_uniqueness_even_when_folding_would_overflow() -> None:
+    """The cheap row grouping equals ``np.unique(axis=0)``. Five columns of 8,192 distinct values
+    fold past 2**64; without re-ranking, the row (4096, 0, 0, 0, 0) would wrap onto (0, 0, 0, 0, 0)."""
+    from gpuslice.reasons import _groups
+
+    ramp = np.arange(8_192, dtype=np.int64)
+    keys = np.vstack([np.stack([ramp] * 5, axis=1), [[4_096, 0, 0, 0, 0]]])
+    keys = keys[np.random.default_rng(7).permutation(keys.shape[0])]
+    first, inverse = _groups([keys[:, j].copy() for j in range(5)])
+    assert first.shape[0] == np.unique(keys, axis=0).shape[0] == 8_193
+    assert np.array_equal(keys[first][inverse], keys)  # every row lands in a group of its own values
