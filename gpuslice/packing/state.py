@@ -12,8 +12,13 @@ multi-GPU pods take fully free shared GPUs as in the research simulator; DESIGN 
 GPUs only on ``whole`` GPUs, and the services build states with ``allow_mps_multi=False``).
 
 Every node has the same number of unit *positions* (``width``); ``node_units`` maps (node,
-position) to a unit row, padding with a sentinel row whose free is -1, so per-node reductions are
-plain numpy over an N x width matrix with no Python loop over nodes.
+position) to a unit row, padding with -1: every unit array is ``n_units + 1`` long and ends with a
+sentinel row (free -1, capacity 0, kind NONE), so index -1 reads the sentinel and per-node
+reductions are plain numpy over an N x width matrix with no Python loop over nodes. A fixed padding
+value means appending units never rewrites other nodes' positions.
+
+Arrays grow in place with spare room (amortised doubling, :meth:`ClusterState._room`), so a node
+joining a live cluster of thousands costs a few small writes, not a copy of every array.
 
 The state is mutable on purpose: the simulator and the extender's bookkeeping apply and release
 placements in place and bump ``node_version`` so cached per-node values (policies) know what changed.
@@ -23,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -35,12 +40,20 @@ I64 = NDArray[np.int64]
 F64 = NDArray[np.float64]
 B = NDArray[np.bool_]
 
-A = TypeVar("A", bound=NDArray[Any])
 
 
-def _grow(a: A, value: object) -> A:
-    """``a`` with one more element (same dtype)."""
-    return cast(A, np.concatenate([a, np.array([value], dtype=a.dtype)]))
+#: Unit arrays and their sentinel values (the last row of each).
+_UNIT_SENTINELS: tuple[tuple[str, object], ...] = (
+    ("unit_node", -1), ("unit_gpu_index", -1), ("unit_kind", 3), ("unit_cap", 0), ("unit_mem", 0),
+    ("unit_free", -1), ("unit_usable", False), ("unit_gpu_id", -1), ("unit_pos", 0))
+#: Per-position matrices, the unit values they copy, and their padding values.
+_POSITION_VIEWS: tuple[tuple[str, str, int], ...] = (
+    ("kind_m", "unit_kind", 3), ("cap_m", "unit_cap", 0), ("mem_m", "unit_mem", 0))
+#: Per-node arrays (1-D and N x something), in the order ``add_node`` fills a new row.
+_NODE_ARRAYS = ("node_product", "node_cpu_cap", "node_mem_cap", "node_cpu_free", "node_mem_free", "node_cost",
+                "node_version", "node_alive", "node_gpus", "node_slice_cap", "node_classes", "node_units",
+                *(m for m, _, _ in _POSITION_VIEWS))
+PAD = -1  # node_units padding: index -1 is the sentinel row of every unit array
 
 
 KIND_MPS = 0
@@ -203,7 +216,7 @@ class ClusterState:
         if np.any(self.unit_free[:u] > self.unit_cap[:u]) or np.any(self.unit_free[:u] < 0):
             raise PackingError("unit free slices outside 0..capacity")
         self.n_units = u
-        self.node_units: I64 = np.full((n, self.width), u, dtype=np.int64)
+        self.node_units: I64 = np.full((n, self.width), PAD, dtype=np.int64)
         self.unit_pos: I64 = np.zeros(u + 1, dtype=np.int64)
         fill = np.zeros(n, dtype=np.int64)
         for i, x in enumerate(us):
@@ -228,6 +241,28 @@ class ClusterState:
         self.layout_version = 0
         self.node_alive: B = np.ones(n, dtype=bool)
         self.dead_units = 0
+        self._base: dict[str, NDArray[Any]] = {}  # array name -> its buffer with spare room
+        # Room for a quarter more nodes and units up front: nodes joining a live cluster then
+        # cost no copy until many have joined (growth is by half again, amortised).
+        for name in _NODE_ARRAYS:
+            self._room(name, n, spare=n // 4 + 16)
+        for name, _ in _UNIT_SENTINELS:
+            self._room(name, u + 1, spare=u // 4 + 128)
+        self._room("gpu_cap", self.n_gpus, spare=self.n_gpus // 4 + 16)
+
+    def _room(self, name: str, length: int, spare: int = 0) -> NDArray[Any]:
+        """The array ``name`` as ``length`` rows (rows past its current length are uninitialised):
+        a view of a buffer grown by half when full, so appending one node copies nothing usually."""
+        cur: NDArray[Any] = getattr(self, name)
+        base = self._base.get(name)
+        if base is None or cur.base is not base or base.shape[0] < length:
+            rows = max(length + spare, cur.shape[0] + cur.shape[0] // 2 + 16)
+            base = np.empty((rows, *cur.shape[1:]), dtype=cur.dtype)
+            base[: cur.shape[0]] = cur
+            self._base[name] = base
+        view = base[:length]
+        setattr(self, name, view)
+        return view
 
     # ----- views ---------------------------------------------------------------------------
     @property
@@ -322,19 +357,10 @@ class ClusterState:
             self.products = (*self.products, spec.product)
             self.product_index[spec.product] = len(self.products) - 1
         self._product_masks = {}
-        grow = _grow
-        self.node_product = grow(self.node_product, self.product_index[spec.product])
-        self.node_cpu_cap = grow(self.node_cpu_cap, spec.cpu_milli)
-        self.node_mem_cap = grow(self.node_mem_cap, spec.memory_mib)
-        self.node_cpu_free = grow(self.node_cpu_free, spec.cpu_milli)
-        self.node_mem_free = grow(self.node_mem_free, spec.memory_mib)
-        self.node_cost = grow(self.node_cost, spec.cost_per_hour)
-        self.node_version = grow(self.node_version, 0)
-        self.node_alive = grow(self.node_alive, True)
-        self.node_gpus = grow(self.node_gpus, 0)
-        self.node_slice_cap = grow(self.node_slice_cap, 0)
-        self.node_classes = np.vstack([self.node_classes, np.zeros((1, POD_CLASSES), dtype=np.int64)])
-        self.node_units = np.vstack([self.node_units, np.full((1, self.width), self.n_units, dtype=np.int64)])
+        values = (self.product_index[spec.product], spec.cpu_milli, spec.memory_mib, spec.cpu_milli, spec.memory_mib,
+                  spec.cost_per_hour, 0, True, 0, 0, 0, PAD, *(pad for _, _, pad in _POSITION_VIEWS))
+        for name, value in zip(_NODE_ARRAYS, values, strict=True):
+            self._room(name, v + 1)[v] = value
         self._append_units(v, units)
         self.max_node_cpu = max(self.max_node_cpu, spec.cpu_milli)
         return v
@@ -432,7 +458,7 @@ class ClusterState:
     def node_rows(self, v: int) -> I64:
         """Unit rows of node ``v`` in position order."""
         row: I64 = self.node_units[v]
-        return np.asarray(row[row < self.n_units], dtype=np.int64)
+        return np.asarray(row[row >= 0], dtype=np.int64)
 
     def _check_node(self, v: int) -> None:
         if not 0 <= v < self.n_nodes or not self.node_alive[v]:
@@ -446,10 +472,10 @@ class ClusterState:
             self.unit_usable[rows] = False
             self.unit_free[rows] = self.unit_cap[rows]
             self.dead_units += int(rows.shape[0])
-        self.node_units[v] = self.n_units
+        self.node_units[v] = PAD
         self.node_gpus[v] = 0
         self.node_slice_cap[v] = 0
-        self._refresh_views()
+        self._refresh_views(v)
         self.node_version[v] += 1
         self.layout_version += 1
 
@@ -464,33 +490,33 @@ class ClusterState:
         old = self.n_units
         new_sentinel = old + k
         if k:
-            def ins(a: A, values: list[Any]) -> A:
-                return cast(A, np.concatenate([a[:old], np.array(values, dtype=a.dtype), a[old:]]))
-
             gpu_ids: dict[int, int] = {}
             for x in us:
                 gpu_ids.setdefault(x.gpu_index, self.n_gpus + len(gpu_ids))
-            self.unit_node = ins(self.unit_node, [v] * k)
-            self.unit_gpu_index = ins(self.unit_gpu_index, [x.gpu_index for x in us])
-            self.unit_kind = ins(self.unit_kind, [x.kind for x in us])
-            self.unit_cap = ins(self.unit_cap, [x.capacity for x in us])
-            self.unit_mem = ins(self.unit_mem, [x.memory_mib for x in us])
-            self.unit_free = ins(self.unit_free, [x.capacity if x.free is None else x.free for x in us])
-            self.unit_usable = ins(self.unit_usable, [x.usable for x in us])
-            self.unit_gpu_id = ins(self.unit_gpu_id, [gpu_ids[x.gpu_index] for x in us])
-            self.unit_pos = ins(self.unit_pos, list(range(k)))
+            values: dict[str, list[Any]] = {
+                "unit_node": [v] * k, "unit_gpu_index": [x.gpu_index for x in us], "unit_kind": [x.kind for x in us],
+                "unit_cap": [x.capacity for x in us], "unit_mem": [x.memory_mib for x in us],
+                "unit_free": [x.capacity if x.free is None else x.free for x in us],
+                "unit_usable": [x.usable for x in us], "unit_gpu_id": [gpu_ids[x.gpu_index] for x in us],
+                "unit_pos": list(range(k))}
+            for arr, sentinel in _UNIT_SENTINELS:
+                view = self._room(arr, new_sentinel + 1)
+                view[old:new_sentinel] = values[arr]  # over the old sentinel row
+                view[new_sentinel] = sentinel
             name = self.node_names[v]
             self.unit_gpu.extend(x.gpu or f"{name}/gpu{x.gpu_index}" for x in us)
             self.unit_instance.extend(x.instance for x in us)
             caps = np.zeros(len(gpu_ids), dtype=np.int64)
             for x in us:
                 caps[gpu_ids[x.gpu_index] - self.n_gpus] += x.capacity
-            self.gpu_cap = np.concatenate([self.gpu_cap, caps])
+            self._room("gpu_cap", self.n_gpus + len(gpu_ids))[self.n_gpus:] = caps
             self.n_gpus += len(gpu_ids)
-            self.node_units[self.node_units == old] = new_sentinel
             if k > self.width:
-                pad = np.full((self.n_nodes, k - self.width), new_sentinel, dtype=np.int64)
-                self.node_units = np.hstack([self.node_units, pad])
+                self.node_units = np.hstack([self.node_units,
+                                             np.full((self.n_nodes, k - self.width), PAD, dtype=np.int64)])
+                for m, _, pad in _POSITION_VIEWS:
+                    setattr(self, m, np.hstack([getattr(self, m),
+                                                np.full((self.n_nodes, k - self.width), pad, dtype=np.int64)]))
                 self.width = k
             self.node_units[v, :k] = np.arange(old, new_sentinel, dtype=np.int64)
             self.n_units = new_sentinel
@@ -502,14 +528,15 @@ class ClusterState:
         self.node_slice_cap[v] = sum(x.capacity for x in us)
         self.max_node_slices = max(self.max_node_slices, int(self.node_slice_cap[v]))
         self.max_node_gpus = max(self.max_node_gpus, k)
-        self._refresh_views()
+        self._refresh_views(v)
         self.node_version[v] += 1
         self.layout_version += 1
 
-    def _refresh_views(self) -> None:
-        self.kind_m = self.unit_kind[self.node_units]
-        self.cap_m = self.unit_cap[self.node_units]
-        self.mem_m = self.unit_mem[self.node_units]
+    def _refresh_views(self, v: int) -> None:
+        """Node ``v``'s row of the per-position matrices, after its positions changed."""
+        row = self.node_units[v]
+        for m, unit_arr, _ in _POSITION_VIEWS:
+            getattr(self, m)[v] = getattr(self, unit_arr)[row]
 
     # ----- mutation -------------------------------------------------------------------------
     def take(self, node: int, units: Sequence[int], slices: int, cpu_milli: int, memory_mib: int,
