@@ -1,4 +1,5 @@
-"""The writes ``/bind`` makes: read the pod and its node's pods, patch the assignment, create the Binding.
+"""The calls ``/bind`` makes: read the pod, patch the assignment, create the Binding; read the node's pods
+only to check a refusal again (the decision itself uses the watched view).
 
 Two implementations: :class:`ApiBinder` over the Kubernetes API (the ``kubernetes`` client, raw JSON
 so no model objects are built), and :class:`MemoryBinder` for ``--cluster FILE`` dry runs, which

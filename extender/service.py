@@ -281,17 +281,27 @@ class Extender:
                         self.view.upsert_pod(pod, self.clock())
                     return wire.BindingResult()
                 return wire.BindingResult(f"pod {ns}/{name} is already bound to {bound_to}")
-            node_pods = self.binder.node_pods(node)
         except KubeApiError as err:
             return wire.BindingResult(f"bind {ns}/{name}: {err}")
+        # The informer's view of the node decides; it is kept by the watch and by this extender's own
+        # binds. Only a refusal is checked against the API server: the node's pods are read again (the
+        # watch may be behind, e.g. kubelet admitted a pod the same-size rule waits for) and the check
+        # is made once more before the refusal is answered.
         with self.lock:
-            now = self.clock()
-            for p in node_pods:
-                try:
-                    self.view.upsert_pod(p, now)
-                except GpuSliceError:
-                    continue
-            plan = self.sched.bind_check(pod, node, now, lease_held=held, lease=self.lease_name)
+            plan = self.sched.bind_check(pod, node, self.clock(), lease_held=held, lease=self.lease_name)
+        if plan.refusal and held:
+            try:
+                node_pods = self.binder.node_pods(node)
+            except KubeApiError as err:
+                return wire.BindingResult(f"bind {ns}/{name}: {err}")
+            with self.lock:
+                now = self.clock()
+                for p in node_pods:
+                    try:
+                        self.view.upsert_pod(p, now)
+                    except GpuSliceError:
+                        continue
+                plan = self.sched.bind_check(pod, node, now, lease_held=held, lease=self.lease_name)
         if plan.refusal:
             return wire.BindingResult(plan.refusal)
         assert plan.assignment is not None

@@ -316,17 +316,58 @@ def test_an_unclear_error_that_cannot_be_cleared_up_leaves_the_assignment(fake_a
     assert [v for v, _ in writes(fake_api, "p1")] == ["patch", "create"] + ([] if took_effect else ["create"])
 
 
-def test_a_failed_read_of_the_node_pods_is_an_error_without_writes(fake_api: FakeApiServer,
-                                                                  live: Callable[..., Live]) -> None:
+def test_bind_decides_on_the_watched_view_without_listing_the_node(fake_api: FakeApiServer,
+                                                                    live: Callable[..., Live]) -> None:
     arrange(fake_api, ("p1", 2))
     r = live()
     assert r.filter("p1").passing == ("gpu-b",)
-    fake_api.fail_next("list", "/api/v1/pods", code=500)
     fake_api.reset_counts()
-    error = r.bind("p1", "gpu-b")
-    assert error.startswith("bind ml/p1: list pods of node gpu-b: 500")
-    assert writes(fake_api, "p1") == []
-    assert r.bind("p1", "gpu-b") == ""  # the retry succeeds
+    assert r.bind("p1", "gpu-b") == ""
+    assert fake_api.request_count("list", "/api/v1/pods") == 0
+    assert reads(fake_api, "p1") == 1
+
+
+def stale_refusal(fake_api: FakeApiServer, r: Live) -> None:
+    """The view goes stale (its informer stops) while the runner on gpu-b finishes in the API server:
+    the view still counts gpu-b's 5 slices, so a 3-slice pod does not fit there by the view alone."""
+    r.informer.stop()
+    fake_api.store.set_pod_phase("runner", "Succeeded", namespace=NS)
+    fake_api.reset_counts()
+
+
+def test_a_refusal_is_checked_again_against_the_node_pods_read_afresh(fake_api: FakeApiServer,
+                                                                     live: Callable[..., Live]) -> None:
+    arrange(fake_api, ("p3", 3))
+    r = live()
+    stale_refusal(fake_api, r)
+    assert r.bind("p3", "gpu-b") == ""
+    assert fake_api.request_count("list", "/api/v1/pods") == 1
+    stored = r.pod("p3")
+    written = assignment(stored)
+    assert stored["spec"]["nodeName"] == "gpu-b" and written is not None and len(written.slice_ids) == 3
+
+
+def test_a_failed_read_of_the_node_pods_is_an_error_without_writes(fake_api: FakeApiServer,
+                                                                  live: Callable[..., Live]) -> None:
+    arrange(fake_api, ("p3", 3))
+    r = live()
+    stale_refusal(fake_api, r)
+    fake_api.fail_next("list", "/api/v1/pods", code=500)
+    error = r.bind("p3", "gpu-b")
+    assert error.startswith("bind ml/p3: list pods of node gpu-b: 500")
+    assert writes(fake_api, "p3") == []
+    assert r.bind("p3", "gpu-b") == ""  # the retry reads the node's pods and succeeds
+
+
+def test_a_refusal_that_the_node_pods_confirm_is_answered(fake_api: FakeApiServer,
+                                                          live: Callable[..., Live]) -> None:
+    arrange(fake_api, ("p3", 3))
+    r = live()
+    fake_api.reset_counts()
+    assert r.bind("p3", "gpu-b").startswith("slices in use: no fitting GPU has 3 free slices")
+    assert fake_api.request_count("list", "/api/v1/pods") == 1
+    assert writes(fake_api, "p3") == []
+    assert "nodeName" not in r.pod("p3")["spec"]
 
 
 def test_a_dropped_connection_is_unclear_and_undone_once_the_pod_reads_unbound(fake_api: FakeApiServer,
