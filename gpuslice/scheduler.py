@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import repeat
 from typing import Any, Protocol
 
 import numpy as np
@@ -148,6 +149,9 @@ class Scheduler:
         self.owner_spread = owner_spread
         self._keys: I64 = np.zeros(0, dtype=np.int64)
         self._keys_for = 0
+        self._names: NDArray[np.object_] = np.zeros(0, dtype=object)
+        self._names_for: tuple[int, int] = (0, -1)
+        self._lookup: tuple[tuple[int, int], tuple[str, ...], I64] | None = None
 
     @classmethod
     def from_config(cls, cluster: Holder, config: Config | None = None, *, seed: int = 0) -> Scheduler:
@@ -163,8 +167,8 @@ class Scheduler:
     def node_keys(self) -> I64:
         """The consistent tie-break order per node row (a name hash), kept in step with the state."""
         st = self.state
-        if self._keys_for != id(st):
-            self._keys, self._keys_for = np.zeros(0, dtype=np.int64), id(st)
+        if self._keys_for != st.generation:
+            self._keys, self._keys_for = np.zeros(0, dtype=np.int64), st.generation
         if self._keys.shape[0] < st.n_nodes:
             old = self._keys.shape[0]
             self._keys = np.concatenate([self._keys, np.array([node_key(nm) for nm in st.node_names[old:]],
@@ -301,23 +305,47 @@ class Scheduler:
             return info, None
         return info, info.pack(view.settings.slices_per_gpu, owner_spread=self.owner_spread)
 
-    def _rows(self, names: Sequence[str]) -> tuple[list[int], dict[str, str], dict[str, str]]:
+    def _layout(self) -> tuple[int, int]:
+        st = self.state
+        return st.generation, st.layout_version
+
+    def _name_array(self) -> NDArray[np.object_]:
+        """Node names by row as an object array, so a set of rows turns into names in one gather."""
+        if self._names_for != self._layout():
+            self._names = np.array(self.state.node_names, dtype=object)
+            self._names_for = self._layout()
+        return self._names
+
+    def _found(self, names: Sequence[str]) -> I64:
+        """The row of each name (-1: not a live node with slices). kube-scheduler sends the same
+        ``NodeNames`` for pod after pod, so the last lookup is kept until the node layout changes."""
+        key = self._layout()
+        as_tuple = names if isinstance(names, tuple) else tuple(names)
+        last = self._lookup
+        if last is not None and last[0] == key and last[1] == as_tuple:
+            return last[2]
+        index = self.state.node_index
+        found = np.fromiter(map(index.get, as_tuple, repeat(-1)), dtype=np.int64, count=len(as_tuple))
+        self._lookup = (key, as_tuple, found)
+        return found
+
+    def _rows(self, names: Sequence[str]) -> tuple[I64, dict[str, str], dict[str, str]]:
+        """The live rows among ``names`` and, for the others, why they take no slices."""
         view = self._view()
-        index = self.state.node_index  # live nodes with slices; the others are looked up one by one
-        found = [index.get(name, -1) for name in names]
-        rows = [v for v in found if v >= 0]
+        found = self._found(names)
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        if len(rows) < len(found):
-            for name, v in zip(names, found, strict=True):
-                if v >= 0:
-                    continue
-                err = view.node_error(name)
-                if err is None:
-                    failed[name] = UNKNOWN_NODE
-                else:
-                    unresolvable[name] = err or f"node {name} has no slices"
-        return rows, failed, unresolvable
+        missing = np.flatnonzero(found < 0)
+        if missing.shape[0] == 0:
+            return found, failed, unresolvable
+        for i in missing.tolist():
+            name = names[i]
+            err = view.node_error(name)
+            if err is None:
+                failed[name] = UNKNOWN_NODE
+            else:
+                unresolvable[name] = err or f"node {name} has no slices"
+        return found[found >= 0], failed, unresolvable
 
     def filter(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float) -> FilterResult:
         """The extender's ``/filter`` for one pod over kube-scheduler's candidate nodes."""
@@ -327,20 +355,19 @@ class Scheduler:
             return FilterResult(error=str(err))
         if req is None:  # not ours to place: every node passes
             return FilterResult(feasible=tuple(node_names))
-        rows, failed, unresolvable = self._rows(node_names)
-        row_arr = np.array(rows, dtype=np.int64)
+        row_arr, failed, unresolvable = self._rows(node_names)
         chosen, ranked, refused = self.filter_request(req, row_arr, now)
-        st = self.state
-        names = st.node_names
-        feasible = tuple(names[int(v)] for v in chosen.node)
+        names = self._name_array()
+        feasible = tuple(names[chosen.node].tolist())
         if refused is not None and refused.rows.shape[0]:
-            hard = refused.unresolvable.tolist()
-            for v, text, h in zip(refused.rows.tolist(), refused.texts, hard, strict=True):
-                (unresolvable if h else failed)[names[v]] = text
+            texts = np.array(refused.texts, dtype=object)
+            for to, pick in ((unresolvable, refused.unresolvable), (failed, ~refused.unresolvable)):
+                if pick.any():
+                    to.update(zip(names[refused.rows[pick]].tolist(), texts[pick].tolist(), strict=True))
         passed = row_arr[ranked.fit.feasible[row_arr]] if row_arr.shape[0] else row_arr
         if passed.shape[0] > chosen.node.shape[0]:
             out = passed[~np.isin(passed, chosen.node)]
-            failed.update(dict.fromkeys((names[v] for v in out.tolist()), NARROWED_OUT))
+            failed.update(dict.fromkeys(names[out].tolist(), NARROWED_OUT))
         res = self.cluster.reservations.get(req.uid)
         return FilterResult(feasible, failed, unresolvable, res)
 
@@ -352,14 +379,12 @@ class Scheduler:
             return [(name, 0) for name in node_names]
         if req is None:
             return [(name, 0) for name in node_names]
-        index = self.state.node_index
-        known = [(i, v) for i, v in enumerate(index.get(n, -1) for n in node_names) if v >= 0]
-        out = [0] * len(node_names)
-        if known:
-            scores = self.prioritize_request(req, np.array([r for _, r in known], dtype=np.int64), now)
-            for (i, _), sc in zip(known, scores.tolist(), strict=True):
-                out[i] = int(sc)
-        return list(zip(node_names, out, strict=True))
+        found = self._found(node_names)
+        known = found >= 0
+        out = np.zeros(found.shape[0], dtype=np.int64)
+        if known.any():
+            out[known] = self.prioritize_request(req, found[known], now)
+        return list(zip(node_names, out.tolist(), strict=True))
 
     def bind_check(self, pod: Mapping[str, Any], node: str, now: float, *, lease_held: bool = True,
                    lease: str = "") -> BindPlan:

@@ -213,9 +213,9 @@ class FragCache:
 
     def sync(self, state: ClusterState, shapes: TargetShapes, version: int) -> None:
         """Drop everything when the state object or the target distribution changed."""
-        if (self.state_id != id(state) or self.layout != state.layout_version or self.version != version
+        if (self.state_id != state.generation or self.layout != state.layout_version or self.version != version
                 or self.shapes is None):
-            self.state_id = id(state)
+            self.state_id = state.generation
             self.layout = state.layout_version
             self.version = version
             self.shapes = shapes

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import count
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,7 @@ _NODE_ARRAYS = ("node_product", "node_cpu_cap", "node_mem_cap", "node_cpu_free",
                 "node_version", "node_alive", "node_gpus", "node_slice_cap", "node_classes", "node_units",
                 *(m for m, _, _ in _POSITION_VIEWS))
 PAD = -1  # node_units padding: index -1 is the sentinel row of every unit array
+_GENERATIONS = count(1)  # one number per state object ever built (id() is reused after a free)
 
 
 KIND_MPS = 0
@@ -239,6 +241,8 @@ class ClusterState:
         # Structure changes (a node added, removed or re-laid out) bump this; caches keyed by node
         # row, unit row or slot compare it, as they compare ``node_version`` for usage changes.
         self.layout_version = 0
+        # Which state object a cache was built for: unlike id(), never reused by a later state.
+        self.generation = next(_GENERATIONS)
         self.node_alive: B = np.ones(n, dtype=bool)
         self.dead_units = 0
         self._base: dict[str, NDArray[Any]] = {}  # array name -> its buffer with spare room
@@ -345,8 +349,8 @@ class ClusterState:
     def add_node(self, spec: NodeSpec, units: Sequence[UnitSpec]) -> int:
         """Append a node and its units (their ``node`` field is ignored); returns the node's row.
 
-        Arrays are copied once per call (numpy concatenation), which at thousands of nodes costs far
-        less than rebuilding the state; rows of other nodes and units never move.
+        Arrays grow in place into their spare room, so the cost does not depend on the cluster's
+        size (except when the room runs out); rows of other nodes and units never move.
         """
         if spec.name in self.node_index:
             raise PackingError(f"node {spec.name} is already in the state")
