@@ -68,6 +68,28 @@ def two_nodes() -> tuple[str, str, list[dict[str, Any]]]:
     return empty, busy, objs
 
 
+def test_the_same_node_list_is_looked_up_again_after_nodes_leave_join_or_rebuild() -> None:
+    """kube-scheduler repeats one NodeNames list; the kept lookup must follow node removal, a node
+    joining under a removed name, and a rebuilt state."""
+    empty, busy, objs = two_nodes()
+    view, sched = build(objs)
+    names = [empty, busy]
+    pod = pod_obj("p", 2)
+    first = sched.filter(pod, names, NOW)
+    assert first.feasible and not first.failed.get(busy, "").startswith("node is not known")
+    view.remove_node(busy)
+    gone = sched.filter(pod, names, NOW)
+    assert gone.failed[busy] == UNKNOWN_NODE and gone.feasible == (empty,)
+    assert dict(sched.prioritize(pod, names, NOW))[busy] == 0
+    view.upsert_node(objs[1])
+    back = sched.filter(pod, names, NOW)
+    assert busy not in back.failed or back.failed[busy] != UNKNOWN_NODE
+    assert busy in back.feasible + tuple(back.failed)
+    view.rebuild()
+    again = sched.filter(pod, names, NOW)
+    assert UNKNOWN_NODE not in again.failed.values() and len(again.feasible) == 1
+
+
 # --------------------------------------------------------------------------- narrowing
 
 def test_narrowed_filter_margin_ties_near_best_nodes_and_orders_them_by_key() -> None:
