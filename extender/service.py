@@ -241,7 +241,7 @@ class Extender:
             return wire.host_priority_list({n: 0 for n in args.candidates})
         with self.lock:
             scores = self.sched.prioritize(args.pod, args.candidates, self.clock())
-        return wire.host_priority_list([wire.HostPriority(n, s) for n, s in scores])
+        return wire.host_priorities(scores)
 
     def preempt(self, args: wire.ExtenderPreemptionArgs) -> wire.PreemptionResult:
         with self.lock:

@@ -19,7 +19,7 @@ the tests' round trips.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -76,8 +76,13 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not JSON")
 
 
+_CONTAINERS = frozenset({dict, list})
+
+
 def _check_depth(value: object, max_depth: int) -> None:
-    """Iteratively, so a hostile body cannot exhaust the stack of whoever walks it later."""
+    """Iteratively, so a hostile body cannot exhaust the stack of whoever walks it later. A container
+    whose members are all scalars (a list of 5,000 node names) is not walked member by member: the
+    types of its members are collected in one C-level pass (``json.loads`` makes exact dicts and lists)."""
     if not isinstance(value, dict | list):
         return
     stack: list[tuple[dict[str, Any] | list[Any], int]] = [(value, 1)]
@@ -85,7 +90,10 @@ def _check_depth(value: object, max_depth: int) -> None:
         container, depth = stack.pop()
         if depth > max_depth:
             raise WireError(f"request body is nested too deeply (limit {max_depth} levels)")
-        for child in container.values() if isinstance(container, dict) else container:
+        children = container.values() if isinstance(container, dict) else container
+        if _CONTAINERS.isdisjoint(set(map(type, children))):
+            continue
+        for child in children:
             if isinstance(child, dict | list):
                 stack.append((child, depth + 1))
 
@@ -214,6 +222,16 @@ class ExtenderArgs:
         return {"Pod": self.pod, "Nodes": nodes, "NodeNames": names}
 
 
+def _plain_names(names: list[Any]) -> bool:
+    """Whether every member is a non-empty string of at most ``MAX_NAME_CHARS`` characters."""
+    if not names:
+        return True
+    if set(map(type, names)) != {str}:
+        return False
+    lengths = list(map(len, names))
+    return min(lengths) > 0 and max(lengths) <= MAX_NAME_CHARS
+
+
 def extender_args(value: object) -> ExtenderArgs:
     """Validate a decoded ExtenderArgs body (the /filter and /prioritize request)."""
     body = _top(value, "ExtenderArgs")
@@ -230,7 +248,7 @@ def extender_args(value: object) -> ExtenderArgs:
                         "nodeCacheCapable: true, else a v1.NodeList in Nodes)")
     if raw_names is not None:
         names = _array(raw_names, "NodeNames", null_ok=False)
-        if all(type(n) is str and 0 < len(n) <= MAX_NAME_CHARS for n in names):  # the usual case: one pass
+        if _plain_names(names):  # the usual case: C-level passes, no per-name Python code
             return ExtenderArgs(pod, node_names=tuple(names))
         return ExtenderArgs(pod, node_names=tuple(_string(n, f"NodeNames[{i}]") for i, n in enumerate(names)))
     node_list = _object(raw_nodes, "Nodes", "a v1.NodeList object")
@@ -347,6 +365,17 @@ def _reason(text: str) -> str:
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"
 
 
+def _reasons_out(table: Mapping[str, str]) -> dict[str, str]:
+    """Node -> reason with each reason shortened to ``MAX_REASON_CHARS``. Thousands of nodes share a
+    handful of texts: each distinct text is looked at once, and a table whose texts are all short
+    enough is copied as it is."""
+    texts = set(table.values())
+    if not texts or max(map(len, texts)) <= MAX_REASON_CHARS:
+        return dict(table)
+    short = {t: _reason(t) for t in texts}
+    return {n: short[r] for n, r in table.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class FilterResult:
     """An ExtenderFilterResult. Build it with :func:`filter_result` so the form matches the request."""
@@ -362,8 +391,8 @@ class FilterResult:
         return {
             "Nodes": None if self.nodes is None else {"metadata": {}, "items": list(self.nodes)},
             "NodeNames": None if self.node_names is None else list(self.node_names),
-            "FailedNodes": {n: _reason(r) for n, r in self.failed.items()},
-            "FailedAndUnresolvableNodes": {n: _reason(r) for n, r in self.failed_unresolvable.items()},
+            "FailedNodes": _reasons_out(self.failed),
+            "FailedAndUnresolvableNodes": _reasons_out(self.failed_unresolvable),
             "Error": self.error,
         }
 
@@ -427,6 +456,20 @@ def host_priority_list(scores: Iterable[HostPriority] | Mapping[str, int]) -> li
     """A HostPriorityList: a bare JSON array of ``{"Host", "Score"}``."""
     items = [HostPriority(h, s) for h, s in scores.items()] if isinstance(scores, Mapping) else list(scores)
     return [p.to_json() for p in items]
+
+
+def host_priorities(scores: Sequence[tuple[str, int]]) -> list[Obj]:
+    """A HostPriorityList from (node, score) pairs, as :func:`host_priority_list` builds it (same
+    checks: every score an int in 0..10, else ``ValueError``) without an object per node: the
+    checks are C-level passes over the scores and the answer is built in one comprehension."""
+    if not scores:
+        return []
+    values = [s for _, s in scores]
+    if set(map(type, values)) != {int} or not (
+            min(values) >= MIN_EXTENDER_PRIORITY and max(values) <= MAX_EXTENDER_PRIORITY):
+        for h, s in scores:
+            HostPriority(h, s)  # raises, naming the node
+    return [{"Host": h, "Score": s} for h, s in scores]
 
 
 @dataclass(frozen=True, slots=True)

@@ -184,6 +184,35 @@ def test_host_priority_refuses_scores_the_scheduler_cannot_use(score: Any) -> No
         wire.HostPriority("n1", score)
 
 
+def test_host_priorities_from_pairs_match_the_list_of_objects() -> None:
+    pairs = [("n1", 7), ("n2", 0), ("n3", 10)]
+    assert wire.host_priorities(pairs) == wire.host_priority_list([wire.HostPriority(h, s) for h, s in pairs])
+    assert wire.host_priorities([]) == []
+
+
+@pytest.mark.parametrize("score", [-1, 11, 7.0, True, "7"])
+def test_host_priorities_refuse_what_host_priority_refuses_naming_the_node(score: Any) -> None:
+    with pytest.raises(ValueError, match="score of n2"):
+        wire.host_priorities([("n1", 3), ("n2", score), ("n3", 4)])
+
+
+def test_many_distinct_long_reasons_are_each_cut_and_short_ones_kept() -> None:
+    args = wire.parse_extender_args(FILTER_NAMES)
+    failed = {"n1": "a" * 600, "n2": "short"}
+    body = wire.filter_result(args, [], failed=failed, failed_unresolvable={"n3": "b" * 600}).to_json()
+    assert body["FailedNodes"] == {"n1": "a" * (wire.MAX_REASON_CHARS - 1) + "…", "n2": "short"}
+    assert body["FailedAndUnresolvableNodes"] == {"n3": "b" * (wire.MAX_REASON_CHARS - 1) + "…"}
+
+
+def test_depth_is_checked_below_a_list_that_mixes_scalars_and_containers() -> None:
+    nested = "[" * 70 + "]" * 70
+    body = ('{"Pod":' + POD + ',"NodeNames":["n1"],"x":["a",1,null,' + nested + ']}').encode()
+    with pytest.raises(WireError, match="nested too deeply"):
+        wire.parse_extender_args(body)
+    flat = ('{"Pod":' + POD + ',"NodeNames":["n1","n2"],"x":{"a":1,"b":[true,2.5,null]}}').encode()
+    assert wire.parse_extender_args(flat).candidates == ("n1", "n2")
+
+
 def test_parse_host_priority_list_insists_on_integers() -> None:
     with pytest.raises(WireError, match=r"\[0\]\.Score"):
         wire.parse_host_priority_list([{"Host": "n1", "Score": 7.5}])
