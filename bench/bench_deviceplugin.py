@@ -10,6 +10,7 @@ protobuf costs. Re-registration is timed from the start of a kubelet restart (so
     .venv/bin/python bench/bench_deviceplugin.py [--calls 2000] [--pods 300] [--restarts 5]
 
 Bars (DESIGN 7): Allocate p99 under 10 ms; re-registered within 5 s of a kubelet restart.
+The same figures under kubelet's own device manager: ``bench_deviceplugin_kubelet_dm.py``.
 """
 
 from __future__ import annotations
@@ -125,10 +126,17 @@ async def bench(args: argparse.Namespace) -> None:
             return allocate, preferred
 
         allocate, preferred = await asyncio.to_thread(calls)
-        for name, values in (("Allocate", allocate), ("GetPreferredAllocation", preferred)):
+        # GetPreferredAllocation waits (up to preferred_wait_s) for the pod cache when no pending
+        # assignment of the asked size matches: by design, so those calls are counted apart.
+        waited = [v for v in preferred if v >= settings.preferred_wait_s * 0.9]
+        answered = [v for v in preferred if v < settings.preferred_wait_s * 0.9]
+        for name, values, bar in (("Allocate", allocate, " (bar: p99 < 10 ms)"),
+                                  ("GetPreferredAllocation", answered, " (calls answered from the cache)")):
             ms = [v * 1000 for v in values]
             print(f"{name:24s} n={len(ms)} p50={percentile(ms, 50):.3f} ms p90={percentile(ms, 90):.3f} ms "
-                  f"p99={percentile(ms, 99):.3f} ms max={max(ms):.3f} ms (bar: p99 < 10 ms)")
+                  f"p99={percentile(ms, 99):.3f} ms max={max(ms):.3f} ms{bar}")
+        print(f"GetPreferredAllocation   n={len(waited)} calls matched no pending assignment and waited the bounded "
+              f"{settings.preferred_wait_s} s for the pod cache before a best fit (issue 9 point 4)")
 
         times: list[float] = []
         for _ in range(args.restarts):
