@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -129,11 +127,7 @@ async def bench(args: argparse.Namespace, cluster: kdm.Cluster) -> None:
         print(f"re-registration after a dropped stream: n={len(dropped)} mean={statistics.mean(dropped):.3f} s "
               f"max={max(dropped):.3f} s (drop -> new Register -> every id healthy)")
     finally:
-        if env.plugin is not None and not env.plugin.task.done():
-            await env.plugin.close()
-        await asyncio.to_thread(api.delete_all)
-        api.close()
-        shutil.rmtree(work, ignore_errors=True)
+        await env.close()
 
 
 def main() -> None:
@@ -145,15 +139,8 @@ def main() -> None:
         print(f"skipped: kubelet-dm is not here ({kdm.K8S} is absent)")
         return
     logging.basicConfig(level=logging.ERROR)
-    path = Path(tempfile.mkdtemp(prefix="gkb-"))
-    try:
-        kdm._cluster("up", str(path))
-        cluster = kdm.Cluster(path, {})
-        cluster.start_node()
+    with kdm.running_cluster() as cluster:
         asyncio.run(bench(args, cluster))
-    finally:
-        subprocess.run([str(kdm.CLUSTER), "down", str(path)], capture_output=True, timeout=90, check=False)
-        shutil.rmtree(path, ignore_errors=True)
 
 
 if __name__ == "__main__":

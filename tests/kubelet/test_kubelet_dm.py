@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -75,8 +76,9 @@ class Cluster:
         return Path(self.node["log"]).read_text(errors="replace")
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+@contextmanager
+def running_cluster() -> Iterator[Cluster]:
+    """etcd, kube-apiserver and one kubelet-dm node (NODE), stopped with ``cluster down`` however it ends."""
     path = Path(tempfile.mkdtemp(prefix="gk-", dir="/tmp"))
     try:
         _cluster("up", str(path))
@@ -86,6 +88,12 @@ def cluster() -> Iterator[Cluster]:
     finally:
         subprocess.run([str(CLUSTER), "down", str(path)], capture_output=True, timeout=90, check=False)
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with running_cluster() as c:
+        yield c
 
 
 class Api:
@@ -201,6 +209,14 @@ class Env:
     async def failed(self, name: str) -> Any:
         return await until(lambda: (p := self.api.pod(name)).status.phase == "Failed" and p, what=f"{name} Failed")
 
+    async def close(self) -> None:
+        """Stop the plugin, delete every pod, close the client, remove the work directory."""
+        if self.plugin is not None and not self.plugin.task.done():
+            await self.plugin.close()
+        await asyncio.to_thread(self.api.delete_all)
+        self.api.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
 
 @pytest.fixture
 async def env(cluster: Cluster) -> AsyncIterator[Env]:
@@ -210,11 +226,7 @@ async def env(cluster: Cluster) -> AsyncIterator[Env]:
     try:
         yield e
     finally:
-        if e.plugin is not None and not e.plugin.task.done():
-            await e.plugin.close()
-        await asyncio.to_thread(api.delete_all)
-        api.close()
-        shutil.rmtree(work, ignore_errors=True)
+        await e.close()
 
 
 def run_options(pod: Any) -> dict[str, Any]:
