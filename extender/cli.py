@@ -176,7 +176,7 @@ class Service:
             self.ext = Extender(settings.config, ApiBinder(api), fence=self.fence, metrics=self.metrics,
                                 lease_name=lease)
             self.informer = Informer(api, self.ext, on_relist_metric=self.metrics.relisted,
-                                     on_error_metric=self.metrics.watch_error, transform=slim_object)
+                                     on_error_metric=self.metrics.watch_error, transform=self.ext.transform)
         self._generation = self.fence.generation
         self._ticket: int | None = None
         self.signals: Any = None

@@ -48,10 +48,10 @@ DEFAULT_POD_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 class InformerHandler(Protocol):
     """Receives the cluster's Nodes and Pods. Calls are serialised; they must not block for long."""
 
-    def on_event(self, kind: Kind, type: EventType, obj: Obj) -> None:
-        """One change. DELETED carries the object's last state."""
+    def on_event(self, kind: Kind, type: EventType, obj: Any) -> None:
+        """One change (the object as ``transform`` made it). DELETED carries the object's last state."""
 
-    def on_relist(self, kind: Kind, objs: list[Obj]) -> None:
+    def on_relist(self, kind: Kind, objs: list[Any]) -> None:
         """The complete current set of ``kind``: drop every object of that kind not in ``objs``."""
 
 
@@ -155,7 +155,7 @@ class _Stream:
     def _list(self) -> None:
         inf = self.informer
         gen = inf._relist_gen
-        items: list[Obj] = []
+        items: list[Any] = []
         rv = ""
         cont = ""
         while True:
@@ -335,7 +335,7 @@ class Informer:
                  request_timeout_s: float = 30.0, page_size: int = 500,
                  pod_field_selector: str | None = DEFAULT_POD_FIELD_SELECTOR,
                  node_label_selector: str | None = None,
-                 transform: Callable[[Kind, Obj], Obj] | None = strip_managed_fields,
+                 transform: Callable[[Kind, Obj], Any] | None = strip_managed_fields,
                  backoff: Callable[[], Backoff] = Backoff,
                  on_relist_metric: Callable[[Kind, str], None] | None = None,
                  on_error_metric: Callable[[Kind, str], None] | None = None) -> None:
@@ -426,10 +426,10 @@ class Informer:
 
     # ---- internals used by the streams
 
-    def _transform(self, kind: Kind, obj: Obj) -> Obj:
+    def _transform(self, kind: Kind, obj: Obj) -> Any:
         return self._transform_fn(kind, obj) if self._transform_fn is not None else obj
 
-    def _deliver_relist(self, kind: Kind, items: list[Obj]) -> None:
+    def _deliver_relist(self, kind: Kind, items: list[Any]) -> None:
         with self._deliver:
             try:
                 self.handler.on_relist(kind, items)
@@ -437,7 +437,7 @@ class Informer:
                 self._count_error(kind, "handler")
                 log.exception("the informer handler failed on a %s relist", kind)
 
-    def _deliver_event(self, kind: Kind, type_: EventType, obj: Obj) -> None:
+    def _deliver_event(self, kind: Kind, type_: EventType, obj: Any) -> None:
         with self._deliver:
             try:
                 self.handler.on_event(kind, type_, obj)

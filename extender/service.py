@@ -28,8 +28,10 @@ from extender.lease import Fence
 from extender.metrics import ExtenderMetrics
 from extender.signals import SignalSnapshot
 from gpuslice import annotations as ann
+from gpuslice import nodes, pods
 from gpuslice.config import Config
 from gpuslice.errors import GpuSliceError
+from gpuslice.pods import PodInfo
 from gpuslice.policies.utilization import UtilizationMemory
 from gpuslice.scheduler import Scheduler, pods_as_requests
 from gpuslice.view import ClusterView
@@ -89,10 +91,27 @@ class Extender:
         self.policy_label = re.sub(r"[^a-z0-9_]+", "_", self.sched.policy.name.lower()).strip("_")[:40] or "policy"
 
     # ----- the informer's handler -------------------------------------------------------------
-    def on_event(self, kind: str, type: str, obj: Obj) -> None:
+    def transform(self, kind: str, obj: Obj) -> Obj | PodInfo:
+        """The informer's transform, run on its thread as each object arrives (outside the lock): a pod
+        becomes its compact projection at once, so a list of 50,000 pods is never held as dicts (nor
+        leaves their freed heap behind); a node is slimmed to what its projection reads. A pod that
+        cannot be projected stays a slim mapping and is refused, with its reason, where it is applied."""
+        if kind == "Pod":
+            try:
+                return self.view.project(obj)
+            except GpuSliceError:
+                return dict(pods.slim(obj))
+        return dict(nodes.slim(obj)) if kind == "Node" else obj
+
+    def on_event(self, kind: str, type: str, obj: Obj | PodInfo) -> None:
         with self.lock:
             try:
-                if kind == "Node":
+                if isinstance(obj, PodInfo):
+                    if type == "DELETED":
+                        self.view.remove_pod(obj.uid)
+                    else:
+                        self.view.upsert_pod(obj, self.clock())
+                elif kind == "Node":
                     if type == "DELETED":
                         meta = obj.get("metadata") or {}
                         self.view.remove_node(str(meta.get("name") or ""))
@@ -108,10 +127,10 @@ class Extender:
             except GpuSliceError as err:
                 log.warning("ignoring %s event: %s", kind, err)
 
-    def on_relist(self, kind: str, objs: list[Obj]) -> None:
+    def on_relist(self, kind: str, objs: list[Obj | PodInfo]) -> None:
         with self.lock:
             if kind == "Node":
-                self.view.replace_nodes(objs)
+                self.view.replace_nodes([o for o in objs if not isinstance(o, PodInfo)])
             else:
                 self.view.replace_pods(objs, self.clock())
             self.synced.add(kind)
@@ -127,7 +146,7 @@ class Extender:
         nodes = [i for i in items if i.get("kind") == "Node"]
         pods = [i for i in items if i.get("kind") == "Pod"]
         self.on_relist("Node", [dict(n) for n in nodes])
-        self.on_relist("Pod", [dict(p) for p in pods])
+        self.on_relist("Pod", [self.transform("Pod", dict(p)) for p in pods])
 
     def _warm(self) -> None:
         """Once both kinds have synced: the default policy learns from the pods already placed."""

@@ -307,11 +307,18 @@ class ClusterView:
             self._recompute(name)
 
     # ----- pod events -------------------------------------------------------------------------
-    def upsert_pod(self, pod: Mapping[str, Any], now: float) -> str:
-        """A pod was added or changed; returns its UID (raises ``RequestError`` without one)."""
-        info = project(pod, isolation_default=self.settings.isolation_default)
+    def upsert_pod(self, pod: Mapping[str, Any] | PodInfo, now: float) -> str:
+        """A pod was added or changed; returns its UID (raises ``RequestError`` without one). The pod is
+        a mapping, or its projection made with this view's isolation default (:meth:`project`)."""
+        info = pod if isinstance(pod, PodInfo) else self.project(pod)
         self._put_pod(info, now)
         return info.uid
+
+    def project(self, pod: Mapping[str, Any]) -> PodInfo:
+        """The pod's projection as this view makes it (raises ``RequestError`` without a UID). A watch
+        can project pods as they arrive and hand the projections to :meth:`upsert_pod` and
+        :meth:`replace_pods`, so no copy of the objects is kept meanwhile."""
+        return project(pod, isolation_default=self.settings.isolation_default)
 
     def remove_pod(self, uid: str) -> None:
         p = self.pods.pop(uid, None)
@@ -322,23 +329,29 @@ class ClusterView:
         for name in touched:
             self._recompute(name)
 
-    def replace_pods(self, pods: Iterable[Mapping[str, Any]], now: float) -> None:
-        """A relist: the pods listed are all there is. A pod whose resourceVersion is unchanged keeps
-        its projection; nodes whose pods changed are recomputed once each at the end."""
+    def replace_pods(self, pods: Iterable[Mapping[str, Any] | PodInfo], now: float) -> None:
+        """A relist: the pods listed (mappings, or projections from :meth:`project`) are all there is.
+        A pod whose resourceVersion is unchanged keeps its projection; nodes whose pods changed are
+        recomputed once each at the end."""
         old = self.pods
         before = set(self.by_node)
         self.pods, self.by_node, self.pod_errors, self._expiry = {}, {}, {}, []
         for pod in pods:
-            meta = pod.get("metadata") if isinstance(pod, Mapping) else None
-            uid = meta.get("uid") if isinstance(meta, Mapping) else None
-            rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+            uid: object
+            rv: object
+            if isinstance(pod, PodInfo):
+                uid, rv = pod.uid, pod.resource_version
+            else:
+                meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+                uid = meta.get("uid") if isinstance(meta, Mapping) else None
+                rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
             prev = old.get(uid) if isinstance(uid, str) else None
             if (prev is not None and isinstance(rv, str) and rv and prev.info.resource_version == rv
                     and (prev.claim is None or prev.claim.bound)):
                 self._register(prev)
                 continue
             try:
-                info = project(pod, isolation_default=self.settings.isolation_default)
+                info = pod if isinstance(pod, PodInfo) else self.project(pod)
             except GpuSliceError:
                 continue
             self._index(info, now)

@@ -602,3 +602,40 @@ def test_a_409_already_assigned_to_the_same_node_is_success() -> None:
     result = ext.bind(wire.ExtenderBindingArgs(meta["name"], meta["namespace"], meta["uid"], node))
     assert result.error == ""
     assert ext.view.pod(meta["uid"]) is not None and ext.view.pod(meta["uid"]).node == node
+
+
+# ------------------------------------------------------------------------------- informer transform
+
+
+def test_pods_projected_by_the_transform_give_the_same_state_as_the_objects() -> None:
+    """The informer hands over projections (no dicts held through a list); the counting rule's result
+    and the refusal of an unprojectable pod are as with the objects themselves."""
+    items = generate(FakeClusterSpec(nodes=4, gpus_per_node=2, pods_per_node=3, seed=5)).document["items"]
+    nodes = [i for i in items if i["kind"] == "Node"]
+    pods = [i for i in items if i["kind"] == "Pod"]
+    by_objects = Extender(default_config(), MemoryBinder([]))
+    by_objects.on_relist("Node", [dict(n) for n in nodes])
+    by_objects.on_relist("Pod", [dict(p) for p in pods])
+    projected = Extender(default_config(), MemoryBinder([]))
+    projected.on_relist("Node", [projected.transform("Node", dict(n)) for n in nodes])
+    listed = [projected.transform("Pod", dict(p)) for p in pods]
+    assert all(not isinstance(p, dict) for p in listed)
+    projected.on_relist("Pod", listed)
+    assert held_slices(projected) == held_slices(by_objects) and held_slices(projected)
+    assert set(projected.view.pods) == set(by_objects.view.pods)
+
+    # Events: a deleted pod frees its slices, a re-added one holds them again.
+    gone = pods[0]
+    uid = gone["metadata"]["uid"]
+    node = gone["spec"]["nodeName"]
+    projected.on_event("Pod", "DELETED", projected.transform("Pod", gone))
+    assert uid not in set(held_slices(projected)[node].values())
+    projected.on_event("Pod", "ADDED", projected.transform("Pod", gone))
+    assert held_slices(projected) == held_slices(by_objects)
+
+    # A pod without a UID stays a (slim) mapping and is refused where it is applied.
+    broken = {"metadata": {"name": "x", "namespace": "ml"}, "spec": {"containers": []}}
+    slim = projected.transform("Pod", broken)
+    assert isinstance(slim, dict)
+    projected.on_event("Pod", "ADDED", slim)
+    assert held_slices(projected) == held_slices(by_objects)
