@@ -8,15 +8,17 @@ JSON (what ``e2e/RESULTS.md`` reports).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from e2e.harness import System, skip_reason
+from e2e.harness import System, clean, skip_reason
 
 RECORD: dict[str, dict[str, Any]] = {}
 
@@ -35,6 +37,23 @@ def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
         yield s
     finally:
         s.close()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # SIGTERM (a CI timeout, a stopped job) unwinds like Ctrl-C, so the session's finalizers stop every process.
+    def _term(_sig: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, _term)
+
+
+@pytest.fixture(autouse=True)
+def _clean_after(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Whatever a scenario left (a failed one too), the next starts on an empty test namespace."""
+    yield
+    if "system" in request.fixturenames:
+        s: System = request.getfixturevalue("system")
+        with contextlib.suppress(Exception):
+            clean(s)
 
 
 @pytest.fixture

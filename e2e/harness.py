@@ -804,8 +804,8 @@ def wait_placed(system: System, names: Iterable[str], timeout: float = 180) -> d
 
 def clean(system: System, timeout: float = 120) -> None:
     """Delete the test namespace's Deployments and pods and wait until kubelet-dm has let them go."""
-    system.kubectl("delete", "deployment,hpa,service", "--all", "-n", TEST_NS, "--ignore-not-found", "--wait=false",
-                   check=False)
+    system.kubectl("delete", "deployment,job,hpa,service", "--all", "-n", TEST_NS, "--ignore-not-found",
+                   "--wait=false", check=False)
     for p in system.kube.pods():
         system.kube.delete_pod(p["metadata"]["name"])
     wait("the test pods gone", lambda: not system.kube.pods(), timeout, interval=0.5)
@@ -890,3 +890,32 @@ def check_run_options(system: System, pods: Iterable[dict[str, Any]]) -> list[st
             wrong.append(f"{p['metadata']['name']}: run-options name {sorted(got)}, assignment "
                          f"{sorted(owners_uuid(assignment))}")
     return wrong
+
+
+def counts_dict(counts: Counts) -> dict[str, int]:
+    return {k: v for k, v in asdict(counts).items() if k != "problems"}
+
+
+def restart_node(system: System, name: str) -> None:
+    """Stop this node's kubelet-dm and start it again on the same root (a kubelet restart)."""
+    cluster("stop", str(system.work), f"node-{name}")
+    system.nodes[name].info = json.loads(cluster("node", str(system.work), name, "--", "--cpu=64",
+                                                 "--memory=512Gi").splitlines()[-1])
+
+
+def restart_plugin(system: System, name: str) -> None:
+    """SIGKILL this node's device plugin (a crash) and start it again."""
+    node = system.nodes[name]
+    assert node.plugin is not None
+    node.plugin.kill()
+    system._start_plugin(node)
+    system._wait_node_ready(node)
+
+
+def mps_daemon_pids(system: System, node: str) -> dict[str, int]:
+    """GPU uuid → pid of its stand-in MPS control daemon on ``node``."""
+    out = {}
+    for pid_file in (system.work / "mps" / node).glob("*/pipe/standin.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            out[pid_file.parent.parent.name] = int(pid_file.read_text().strip())
+    return out
