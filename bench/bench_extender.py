@@ -72,8 +72,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-K8S = REPO.parent / "shared" / "k8s"
-CLUSTER = K8S / "cluster"
+from tests.k8s_launcher import CLUSTER, run_cluster  # noqa: E402
+
 SHIPPED_CONFIG = REPO / "manifests" / "scheduler" / "scheduler-config.yaml"
 RESOURCE = "example.com/gpu-slice"
 SCHEDULER_NAME = "gpu-slice-scheduler"
@@ -538,11 +538,7 @@ def part_rss(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 # ---- (c) end to end through the real kube-scheduler ----------------------------------------------------
 
 def cluster(*args: str, timeout: float = 300) -> str:
-    done = subprocess.run([sys.executable, str(CLUSTER), *args], capture_output=True, text=True, timeout=timeout,
-                          check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"cluster {' '.join(args)}: {done.stderr[-2000:]}")
-    return done.stdout.strip()
+    return run_cluster(*args, timeout=timeout)
 
 
 def drain(resp: Any) -> Any:

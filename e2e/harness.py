@@ -48,9 +48,9 @@ from typing import Any
 
 import yaml
 
+from tests.k8s_launcher import CLUSTER, run_cluster
+
 REPO = Path(__file__).resolve().parents[1]
-K8S = REPO.parent / "shared" / "k8s"
-CLUSTER = K8S / "cluster"
 MANIFESTS = REPO / "manifests"
 NAMESPACE = "gpu-slice-system"
 RESOURCE = "example.com/gpu-slice"
@@ -139,11 +139,7 @@ def http(method: str, url: str, body: bytes | None = None, timeout: float = 10.0
 
 
 def cluster(*args: str, timeout: float = 240) -> str:
-    done = subprocess.run([sys.executable, str(CLUSTER), *args], capture_output=True, text=True, timeout=timeout,
-                          check=False)
-    if done.returncode != 0:
-        raise AssertionError(f"cluster {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return done.stdout.strip()
+    return run_cluster(*args, timeout=timeout)
 
 
 def tail(path: Path, n: int = 3000) -> str:

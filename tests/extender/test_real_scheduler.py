@@ -33,9 +33,11 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import k8s_launcher as launcher
+from tests.k8s_launcher import run_cluster
+
 REPO = Path(__file__).resolve().parents[2]
-K8S = REPO.parent / "shared" / "k8s"
-CLUSTER = K8S / "cluster"
+K8S, CLUSTER = launcher.K8S, launcher.CLUSTER
 SHIPPED_CONFIG = REPO / "manifests" / "scheduler" / "scheduler-config.yaml"
 
 RESOURCE = "example.com/gpu-slice"
@@ -62,11 +64,7 @@ def _free_port() -> int:
 
 
 def _cluster(*args: str, timeout: float = 180) -> str:
-    done = subprocess.run([sys.executable, str(CLUSTER), *args], capture_output=True, text=True, timeout=timeout,
-                          check=False)
-    if done.returncode != 0:
-        raise AssertionError(f"cluster {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return done.stdout.strip()
+    return run_cluster(*args, timeout=timeout)
 
 
 def _wait(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.2) -> Any:

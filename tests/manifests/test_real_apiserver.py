@@ -29,9 +29,11 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import k8s_launcher as launcher
+from tests.k8s_launcher import run_cluster
 from tests.manifests.built import NAMESPACE, REPO, build, kubectl, named_prefix, one
 
-CLUSTER = REPO.parent / "shared" / "k8s" / "cluster"
+CLUSTER = launcher.CLUSTER
 SA = f"{NAMESPACE}/gpu-slice-extender"
 
 pytestmark = [
@@ -45,11 +47,7 @@ MONITORING_CRDS = (("PodMonitor", "podmonitors"), ("ServiceMonitor", "servicemon
 
 
 def _cluster(*args: str, timeout: float = 120) -> str:
-    done = subprocess.run([sys.executable, str(CLUSTER), *args], capture_output=True, text=True, timeout=timeout,
-                          check=False)
-    if done.returncode != 0:
-        raise AssertionError(f"cluster {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return done.stdout.strip()
+    return run_cluster(*args, timeout=timeout)
 
 
 def _kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
