@@ -135,13 +135,6 @@ def _api_client(kubeconfig: str | None) -> Any:
         raise SettingsError(f"cannot use {where}: {err} (give --kubeconfig or --cluster)") from None
 
 
-def slim_object(kind: str, obj: dict[str, Any]) -> dict[str, Any]:
-    """What the view reads of a watched object: the rest is dropped on arrival (memory at 50,000 pods)."""
-    from gpuslice import nodes, pods
-
-    return dict(pods.slim(obj) if kind == "Pod" else nodes.slim(obj))
-
-
 class Service:
     """The running pieces, started and stopped together (tests drive this without uvicorn)."""
 
