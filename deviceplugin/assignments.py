@@ -3,9 +3,10 @@
 Kubelet's ``GetPreferredAllocation`` and ``Allocate`` never say which pod they serve, and kubelet may
 admit same-size pods in any order. So the plugin works with *ids*, not pods: the candidates for a
 request of size k are the assignments of size k, of live pods on this node, whose ids kubelet still
-lists as available, oldest first (the extender's ``/bind`` guarantees every such placement suits every
-pending pod of that size). Everything here is pure given the cache: no I/O, no clock, no locks, so
-the RPC path stays fast and the logic is tested without gRPC.
+lists as available, in the order kubelet admits pods (creation time, then binding order), so the pod
+kubelet is admitting gets its own assignment (the extender's ``/bind`` guarantees every such placement
+suits every pending pod of that size, should the guess be wrong). Everything here is pure given the
+cache: no I/O, no clock, no locks, so the RPC path stays fast and the logic is tested without gRPC.
 """
 
 from __future__ import annotations
@@ -67,12 +68,14 @@ class PodView:
     container: str = ""  # the container that requests slices (dcgm-exporter's container label)
     _order: tuple[datetime, datetime, str, str] = field(default=(datetime.min, datetime.min, "", ""), init=False,
                                                         repr=False, compare=False)
+    _created_at: datetime = field(default=datetime.min, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Parsed once when the watch delivers the pod: the RPC path sorts by it on every call.
         created = _when(self.created)
         assigned = _when(self.assigned_at) if self.assigned_at else created
         object.__setattr__(self, "_order", (assigned, created, self.namespace, self.name))
+        object.__setattr__(self, "_created_at", created)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -84,11 +87,16 @@ class PodView:
 
     @property
     def order(self) -> tuple[datetime, datetime, str, str]:
-        """Oldest first: assignment time, then creation time, then name (stable tie-break).
+        """Assignment order: assignment time, then creation time, then name (stable tie-break).
 
         Times are compared parsed: RFC 3339 strings with and without fractions do not sort as text.
         """
         return self._order
+
+    @property
+    def created_at(self) -> datetime:
+        """The parsed creation time: kubelet's admission order (``HandlePodAdditions``) sorts by it."""
+        return self._created_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,23 +121,50 @@ class AssignmentBook:
 
     node: str
     pods: dict[str, PodView] = field(default_factory=dict)
+    #: The order in which pods were first seen bound to this node: the order of the binding events
+    #: kubelet receives on its own watch, which breaks its creation-time ties.
+    bound_seq: dict[str, int] = field(default_factory=dict)
+    _next_seq: int = 0
     admitted: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
     local: list[frozenset[str]] = field(default_factory=list)
     local_at: list[float] = field(default_factory=list)
 
     def upsert(self, pod: PodView) -> None:
         self.pods[pod.uid] = pod
+        if pod.node_name == self.node and pod.uid not in self.bound_seq:
+            self.bound_seq[pod.uid] = self._next_seq
+            self._next_seq += 1
 
     def remove(self, uid: str) -> None:
         pod = self.pods.pop(uid, None)
+        self.bound_seq.pop(uid, None)
         if pod is not None:
             self.admitted.pop(pod.key, None)
 
     def replace_all(self, pods: Iterable[PodView]) -> None:
-        """A fresh list after a (re)list: drop pods that vanished while the watch was down."""
-        self.pods = {p.uid: p for p in pods}
+        """A fresh list after a (re)list: drop pods that vanished while the watch was down.
+
+        Pods already known keep their binding order; new ones follow in creation order (a list
+        comes in name order, which says nothing about when each pod was bound).
+        """
+        fresh = sorted(pods, key=lambda p: (p.created_at, p.namespace, p.name))
+        self.pods = {p.uid: p for p in fresh}
+        self.bound_seq = {uid: n for uid, n in self.bound_seq.items() if uid in self.pods}
+        for pod in fresh:
+            if pod.node_name == self.node and pod.uid not in self.bound_seq:
+                self.bound_seq[pod.uid] = self._next_seq
+                self._next_seq += 1
         live_keys = {p.key for p in self.pods.values()}
         self.admitted = {k: v for k, v in self.admitted.items() if k in live_keys}
+
+    def admission_key(self, pod: PodView) -> tuple[datetime, int, str, str]:
+        """kubelet's admission order as far as the plugin can know it.
+
+        kubelet admits a batch of newly bound pods one at a time sorted by creation time (seconds,
+        so replicas tie), ties kept in arrival order, which is binding order: the order this
+        plugin's own watch saw them bound.
+        """
+        return (pod.created_at, self.bound_seq.get(pod.uid, self._next_seq), pod.namespace, pod.name)
 
     def set_admitted(self, admitted: Mapping[tuple[str, str], tuple[str, ...]], now: float | None = None) -> None:
         """Replace the admitted map with what PodResources ``List`` reports now.
@@ -159,10 +194,10 @@ class AssignmentBook:
         return None
 
     def assigned(self) -> list[PodView]:
-        """Live pods on this node with an assignment, oldest first."""
+        """Live pods on this node with an assignment, in kubelet's admission order."""
         out = [p for p in self.pods.values()
                if p.live and p.node_name == self.node and p.assignment_ids is not None]
-        out.sort(key=lambda p: p.order)
+        out.sort(key=self.admission_key)
         return out
 
     def pending(self) -> list[PodView]:
@@ -171,7 +206,8 @@ class AssignmentBook:
                 if p.phase == "Pending" and p.allocated_ids is None and p.key not in self.admitted]
 
     def candidates(self, available: Iterable[str] | None = None) -> list[Candidate]:
-        """Assignments that may still be handed out: pending pods' own first (oldest first), then leftovers.
+        """Assignments that may still be handed out: pending pods' own first (kubelet's admission order),
+        then leftovers.
 
         A leftover is the assignment of a pod that was admitted with other ids (kubelet swapped two
         same-size pods); it is offered only when made after the oldest pending pod of that size was
@@ -203,7 +239,8 @@ class AssignmentBook:
                 own.append(Candidate(pod, sids))
             elif pod.order >= earliest[len(sids)]:
                 leftovers.append(Candidate(pod, sids))
-        return own + leftovers[::-1]
+        leftovers.sort(key=lambda c: c.pod.order, reverse=True)
+        return own + leftovers
 
     def in_use(self) -> frozenset[str]:
         """Ids live pods hold or kubelet just gave: admitted (PodResources), stamped, or noted at Allocate."""
@@ -234,7 +271,8 @@ class AssignmentBook:
 
 def preferred(book: AssignmentBook | None, inventory: NodeInventory, available: Iterable[str],
               must_include: Iterable[str], size: int) -> tuple[list[str], Candidate | None]:
-    """Kubelet's preferred ids for one container: the oldest fitting assignment, else a best fit.
+    """Kubelet's preferred ids for one container: the first fitting assignment in admission order, else a
+    best fit.
 
     Returns the ids and the candidate they came from (``None`` for a best-fit choice).
     """

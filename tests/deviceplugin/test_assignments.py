@@ -76,6 +76,30 @@ def test_order_compares_times_not_text() -> None:
     assert [c.pod.name for c in book.candidates()] == ["earlier", "later"]
 
 
+def test_candidates_follow_kubelets_admission_order_not_assignment_time() -> None:
+    book = AssignmentBook(NODE)
+    a, b, c = (MIG.instances[n].slice_ids() for n in (1, 2, 3))
+    # Bound in this order; "young" was assigned first but created last.
+    book.upsert(pod("young", a, "2025-01-01T00:00:05Z", created="2025-01-01T00:00:09Z"))
+    book.upsert(pod("tie-bound-first", b, "2025-01-01T00:00:07Z", created="2025-01-01T00:00:01Z"))
+    book.upsert(pod("tie-bound-second", c, "2025-01-01T00:00:06Z", created="2025-01-01T00:00:01Z"))
+    assert [c.pod.name for c in book.candidates()] == ["tie-bound-first", "tie-bound-second", "young"]
+    ids, cand = preferred(book, INV, ALL, [], 1)
+    assert cand is not None and cand.pod.name == "tie-bound-first" and tuple(ids) == b
+
+
+def test_a_relist_keeps_binding_order_and_orders_new_pods_by_creation() -> None:
+    book = AssignmentBook(NODE)
+    a, b, c = (MIG.instances[n].slice_ids() for n in (1, 2, 3))
+    book.upsert(pod("z-known", a, created="2025-01-01T00:00:01Z"))
+    book.replace_all([pod("new-late", c, created="2025-01-01T00:00:01Z"),
+                      pod("z-known", a, created="2025-01-01T00:00:01Z"),
+                      pod("a-new", b, created="2025-01-01T00:00:01Z")])
+    assert [c.pod.name for c in book.candidates()] == ["z-known", "a-new", "new-late"]
+    book.remove("uid-z-known")
+    assert "uid-z-known" not in book.bound_seq
+
+
 def test_terminal_deleted_and_foreign_node_pods_are_not_candidates() -> None:
     book = AssignmentBook(NODE)
     book.upsert(pod("done", MIG.instances[1].slice_ids(), phase="Succeeded"))
