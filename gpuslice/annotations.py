@@ -255,12 +255,12 @@ def decode_assignment(text: object) -> Assignment:
 def _decode_assignment(text: object) -> Assignment:
     reader = _Reader(_load(text, ASSIGNMENT_KEY), ASSIGNMENT_KEY)
     pod_uid = reader.text("podUID")
-    node = reader.text("node")
+    node = sys.intern(reader.text("node"))  # interned: every pod on a node names it, as do the scores
     gpus = reader.text_array("gpus")
     instance = reader.optional_text("instance")
     slice_ids = reader.text_array("sliceIds")
-    policy = reader.text("policy")
-    scores = reader.object("scores")
+    policy = sys.intern(reader.text("policy"))
+    scores = {sys.intern(name): value for name, value in reader.object("scores").items()}
     time = reader.time("time")
     with reader.wrapped():
         return Assignment(pod_uid=pod_uid, node=node, gpus=tuple(gpus), instance=instance,

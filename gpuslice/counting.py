@@ -159,19 +159,31 @@ def claim_of(pod: Mapping[str, Any], *, now: datetime,
         annotations = pod_annotations(pod)
     except GpuSliceError as err:
         return None, PodProblem(label, uid, str(err)), node_name
-    raw_assignment, raw_allocated = annotations.get(ASSIGNMENT_KEY), annotations.get(ALLOCATED_KEY)
+    return claim_from(uid, label, node_name, annotations.get(ASSIGNMENT_KEY), annotations.get(ALLOCATED_KEY),
+                      now=now, reservation_ttl=reservation_ttl)
+
+
+def claim_from(uid: str, label: str, node_name: str, raw_assignment: object, raw_allocated: object, *,
+               now: datetime, reservation_ttl: timedelta) -> tuple[Claim | None, PodProblem | None, str]:
+    """:func:`claim_of` for a pod that is not Succeeded or Failed, given by its parts. Each contract
+    value is the annotation as written or, already decoded, an ``Assignment`` / ``Allocated``: a
+    projection that keeps decoded values need not keep their text as well."""
     if raw_assignment is None and raw_allocated is None:
         return None, None, node_name
     assignment: Assignment | None = None
     allocated: Allocated | None = None
     damaged: PodProblem | None = None
-    if raw_allocated is not None:
+    if isinstance(raw_allocated, Allocated):
+        allocated = raw_allocated
+    elif raw_allocated is not None:
         try:
             allocated = decode_allocated(raw_allocated)
         except GpuSliceError as err:
             # A broken stamp must not free a running pod's slices: fall back to the assignment.
             damaged = PodProblem(label, uid, f"{err}; counted by its {ASSIGNMENT_KEY} instead")
-    if raw_assignment is not None:
+    if isinstance(raw_assignment, Assignment):
+        assignment = raw_assignment
+    elif raw_assignment is not None:
         try:
             assignment = decode_assignment(raw_assignment)
         except GpuSliceError as err:
@@ -375,6 +387,7 @@ __all__ = [
     "PodProblem",
     "apply_holdings",
     "bind_conflicts",
+    "claim_from",
     "claim_of",
     "held_by_node",
     "held_slices",

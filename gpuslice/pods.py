@@ -16,11 +16,14 @@ the field; it never raises anything else.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from gpuslice import annotations as ann
+from gpuslice.counting import Claim, PodProblem, claim_from
 from gpuslice.errors import GpuSliceError, RequestError
 from gpuslice.packing.build import pack_request
 from gpuslice.packing.state import PackRequest
@@ -175,7 +178,9 @@ class PodInfo:
     products: frozenset[str] | None
     request: SliceRequest | None
     created: str
-    contract: tuple[object, object]  # the assignment and allocated annotations as written (None: absent)
+    # The assignment and allocated annotations: decoded (an Assignment, an Allocated) when they
+    # decode, as written when not (the counting rule then says why), None when absent.
+    contract: tuple[object, object]
     error: str = ""  # why the slice request could not be read ("" when fine)
     resource_version: str = ""  # the API server's version of the object: an unchanged pod is not read again
 
@@ -183,15 +188,12 @@ class PodInfo:
     def terminal(self) -> bool:
         return self.phase in TERMINAL_PHASES
 
-    @property
-    def counted(self) -> Mapping[str, Any]:
-        """The minimal pod mapping the counting rule reads, built when asked (kept small: a cluster
-        holds tens of thousands of projections)."""
-        namespace, _, name = self.label.partition("/")
-        kept = {k: v for k, v in zip((ann.ASSIGNMENT_KEY, ann.ALLOCATED_KEY), self.contract, strict=True)
-                if v is not None}
-        return {"metadata": {"uid": self.uid, "name": name, "namespace": namespace, "annotations": kept},
-                "spec": {"nodeName": self.node} if self.node else {}, "status": {"phase": self.phase}}
+    def claim(self, *, now: datetime, reservation_ttl: timedelta) -> tuple[Claim | None, PodProblem | None, str]:
+        """The counting rule's claim for this pod (:func:`gpuslice.counting.claim_of` of the pod)."""
+        if self.terminal:
+            return None, None, self.node
+        return claim_from(self.uid, self.label, self.node, *self.contract, now=now,
+                          reservation_ttl=reservation_ttl)
 
     def pack(self, slices_per_gpu: int, *, owner_spread: bool = True) -> PackRequest:
         """This pod as a packing request (raises ``RequestError`` when the request cannot be met as written)."""
@@ -279,7 +281,24 @@ def project(pod: Mapping[str, Any], *, isolation_default: Isolation = "any") -> 
         cpu, mem = 0, 0
         error = error or f"pod {label}: {err}"
     annotations = _obj(meta.get("annotations"), "metadata.annotations")
-    contract = (annotations.get(ann.ASSIGNMENT_KEY), annotations.get(ann.ALLOCATED_KEY))
+    assignment = _decoded(annotations.get(ann.ASSIGNMENT_KEY), ann.decode_assignment)
+    contract = (assignment, _decoded(annotations.get(ann.ALLOCATED_KEY), ann.decode_allocated))
+    # One copy of strings that tens of thousands of pods repeat: node names, phases, owners, and the
+    # UID the pod's own assignment also holds.
+    node, phase, owner = sys.intern(node), sys.intern(phase), sys.intern(owner)
+    if isinstance(assignment, ann.Assignment) and assignment.pod_uid == uid:
+        uid = assignment.pod_uid
     return PodInfo(uid, label, node, phase, priority, owner, cpu, mem, products, request,
                    created if isinstance(created, str) else "", contract, error,
                    rv if isinstance(rv := meta.get("resourceVersion"), str) else "")
+
+
+def _decoded(raw: object, decode: Callable[[object], object]) -> object:
+    """A contract annotation decoded (the pod's claim holds the same value, so the projection keeps no
+    text beside it); as written when it does not decode, for the counting rule to report."""
+    if raw is None:
+        return None
+    try:
+        return decode(raw)
+    except GpuSliceError:
+        return raw

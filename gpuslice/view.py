@@ -25,7 +25,7 @@ import numpy as np
 
 from gpuslice import ids
 from gpuslice.config import Config
-from gpuslice.counting import Claim, Holdings, PodProblem, claim_of, settle
+from gpuslice.counting import Claim, Holdings, PodProblem, settle
 from gpuslice.errors import GpuSliceError
 from gpuslice.model import Gpu, NodeInventory
 from gpuslice.nodes import NodeInfo, project_node
@@ -395,7 +395,7 @@ class ClusterView:
             # A status update of a bound pod: its claim does not depend on the time, keep it.
             claim, problem, concerns = prev.claim, None, prev.concerns
         else:
-            claim, problem, concerns = claim_of(info.counted, now=_to_datetime(now), reservation_ttl=self._ttl)
+            claim, problem, concerns = info.claim(now=_to_datetime(now), reservation_ttl=self._ttl)
         return self._register(_Pod(info, claim, problem, concerns))
 
     def _register(self, p: _Pod) -> set[str]:

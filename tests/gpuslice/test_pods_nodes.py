@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from typing import Any
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from gpuslice import annotations as ann
 from gpuslice.config import load_config
+from gpuslice.counting import claim_of
 from gpuslice.errors import GpuSliceError, InventoryError, RequestError
 from gpuslice.nodes import NodeInfo, capacity_type, project_node
 from gpuslice.pods import PodInfo, project
@@ -87,14 +89,20 @@ def test_required_node_affinity_on_the_product_label_is_read() -> None:
     assert project(pod_obj("u2", 1)).products is None
 
 
-def test_isolation_default_and_the_counted_copy() -> None:
+def test_isolation_default_and_the_kept_contract() -> None:
     pod = pod_obj("u1", 1, node="n1", assigned=sids(mps_gpu("n1", 0).uuid, 1))
     info = project(pod, isolation_default="mps")
     assert info.request is not None and info.request.isolation == "mps"
     assert project(pod_obj("u2", 1, isolation="any"), isolation_default="mig").request.isolation == "any"  # type: ignore[union-attr]
-    # what the counting rule reads is kept, nothing else
-    assert set(info.counted["metadata"]["annotations"]) == {ann.ASSIGNMENT_KEY}
-    assert info.counted["spec"] == {"nodeName": "n1"} and info.counted["status"] == {"phase": "Running"}
+    # what the counting rule reads is kept, decoded, and gives the claim the rule gives the pod
+    assert isinstance(info.contract[0], ann.Assignment) and info.contract[1] is None
+    now, ttl = datetime.fromtimestamp(NOW, UTC), timedelta(seconds=60)
+    assert info.claim(now=now, reservation_ttl=ttl) == claim_of(pod, now=now, reservation_ttl=ttl)
+    bad = pod_obj("u4", 1, node="n1")
+    bad["metadata"]["annotations"] = {ann.ASSIGNMENT_KEY: "{not json"}
+    kept = project(bad)
+    assert kept.contract == ("{not json", None)  # as written: the rule reports why it does not decode
+    assert kept.claim(now=now, reservation_ttl=ttl) == claim_of(bad, now=now, reservation_ttl=ttl)
     assert not info.terminal and project(pod_obj("u3", 1, phase="Succeeded")).terminal
 
 
