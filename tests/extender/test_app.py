@@ -15,10 +15,13 @@ The builders at the top are shared with test_service.py and test_cli.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
 import threading
+import urllib.error
+import urllib.request
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -589,11 +592,17 @@ def test_metrics_are_parseable_and_count_requests_by_verb_and_outcome(client: Te
 @pytest.fixture
 def served(ext: Extender) -> Iterator[str]:
     """The app under uvicorn on 127.0.0.1 (a port the kernel picked), stopped afterwards."""
+    with _serve(ext, 4096) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _serve(ext: Extender, max_body: int) -> Iterator[str]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(ext, max_body=4096), log_level="warning", access_log=False,
-                                           lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(build_app(ext, max_body=max_body), log_level="warning",
+                                           access_log=False, lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -605,6 +614,17 @@ def served(ext: Extender) -> Iterator[str]:
         thread.join(10)
         sock.close()
         assert not thread.is_alive()
+
+
+def test_a_client_still_sending_an_oversize_body_reads_the_413_not_a_reset(ext: Extender) -> None:
+    """Far more than the socket buffers hold: without draining, the server's close resets the sender."""
+    with _serve(ext, 4 << 20) as url:
+        for size in (15 << 20, (4 << 20) + 1):
+            req = urllib.request.Request(f"{url}/filter", data=b"x" * size, method="POST", headers=JSON_HEADERS)
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(req, timeout=30)
+            assert err.value.code == 413
+            assert json.loads(err.value.read()) == {"Error": f"request body over {4 << 20} bytes"}
 
 
 def test_one_keep_alive_connection_survives_bad_and_oversize_requests(served: str) -> None:
