@@ -600,8 +600,9 @@ class System:
              on_timeout=lambda: tail(node.plugin.log) if node.plugin else "")
 
     def _start_prometheus(self) -> None:
-        self.prometheus_port = free_port()
-        self._write_prometheus_config()
+        if self.prometheus is None:  # a restart keeps the port the extenders were given
+            self.prometheus_port = free_port()
+            self._write_prometheus_config()
         data = self.work / "prometheus"
         data.mkdir(exist_ok=True)
         argv = ["prometheus", f"--config.file={self.work / 'prometheus.yml'}", f"--storage.tsdb.path={data}",
