@@ -8,7 +8,6 @@ No other module formats or splits ids.
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 
 from gpuslice.errors import DeviceIdError
@@ -47,8 +46,7 @@ def encode_all(owner: str, count: int) -> tuple[str, ...]:
     if count <= 0:
         return ()
     last = encode(owner, count - 1)  # validates the owner and the longest id
-    # Interned: pods' decoded ids are the same strings, so a large cluster keeps one copy of each.
-    return (*(sys.intern(f"{owner}{SEPARATOR}{n}") for n in range(count - 1)), sys.intern(last))
+    return (*(f"{owner}{SEPARATOR}{n}" for n in range(count - 1)), last)
 
 
 def decode(text: str) -> SliceId:

@@ -50,7 +50,6 @@ class Gpu:
     healthy: bool = True
     cordoned: bool = False
     instances: tuple[MigInstance, ...] = ()
-    _ids: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.mode not in GPU_MODES:
@@ -68,21 +67,27 @@ class Gpu:
                 raise CatalogueError(f"GPU {self.uuid}: MIG instances listed but mode is {self.mode}")
             if self.slices < 1:
                 raise CatalogueError(f"GPU {self.uuid}: slices must be at least 1, got {self.slices}")
-        # Ids are derived once: inventories ask for them on every allocation and every filter.
-        if self.mode == "mig":
-            derived = tuple(sid for inst in self.instances for sid in inst.slice_ids())
-        else:
-            derived = ids.encode_all(self.uuid, self.slices)
-        object.__setattr__(self, "_ids", derived)
+        # The ids are checked here (the owners and the longest id) but derived when asked, not kept:
+        # a cluster's inventories would otherwise hold hundreds of thousands of id strings.
+        for owner, count in self._owners():
+            ids.encode(owner, count - 1)
 
     @property
     def schedulable(self) -> bool:
         """Healthy and not cordoned: new placements may land here."""
         return self.healthy and not self.cordoned
 
+    def _owners(self) -> list[tuple[str, int]]:
+        """(id owner, slice count) of each owner that advertises ids: the MIG instances, else the GPU."""
+        if self.mode == "mig":
+            return [(inst.uuid, inst.compute_slices) for inst in self.instances if inst.compute_slices > 0]
+        return [(self.uuid, self.slices)]
+
     def slice_ids(self) -> tuple[str, ...]:
         """Every id this GPU advertises, in a stable order."""
-        return self._ids
+        if self.mode == "mig":
+            return tuple(sid for inst in self.instances for sid in inst.slice_ids())
+        return ids.encode_all(self.uuid, self.slices)
 
     def instance(self, uuid: str) -> MigInstance:
         for inst in self.instances:
@@ -139,14 +144,13 @@ class NodeInventory:
     _all: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_all", frozenset(sid for gpu in self.gpus for sid in gpu.slice_ids()))
         seen: set[str] = set()
         for gpu in self.gpus:
             owners = {gpu.uuid, *(i.uuid for i in gpu.instances)}
             if owners & seen:
                 raise InventoryError(f"node {self.node}: GPU or MIG UUID listed twice near {gpu.uuid}")
             seen |= owners
-        unknown = self.used - self.all_ids()
+        unknown = self.used - self.all_ids() if self.used else frozenset()
         if unknown:
             raise InventoryError(f"node {self.node}: used ids not on this node: {sorted(unknown)[:5]}")
 
@@ -154,6 +158,10 @@ class NodeInventory:
         return iter(self.gpus)
 
     def all_ids(self) -> frozenset[str]:
+        """Every id the node advertises, built on first use and kept (an inventory asked once is
+        usually asked again; one that never is, such as the extender's, holds no ids)."""
+        if not self._all:
+            object.__setattr__(self, "_all", frozenset(sid for gpu in self.gpus for sid in gpu.slice_ids()))
         return self._all
 
     def free_ids(self) -> frozenset[str]:

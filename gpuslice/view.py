@@ -69,7 +69,8 @@ class _Node:
     info: NodeInfo
     row: int = -1  # -1: not in the state (no inventory, or unreadable)
     keys: dict[str, int] = field(default_factory=dict)  # GPU or MIG UUID -> unit row
-    row_ids: dict[int, tuple[str, ...]] = field(default_factory=dict)  # unit row -> its slice ids
+    # unit row -> (GPU or MIG UUID, slice count): its ids, derived when asked rather than held
+    row_ids: dict[int, tuple[str, int]] = field(default_factory=dict)
     owners: Counter[tuple[str, int]] = field(default_factory=Counter)  # (owner, GPU id) counted in the state
     held: dict[str, str] = field(default_factory=dict)  # slice id -> holder UID (pods, then reservations)
     holdings: Holdings | None = None  # the counting rule's answer for the node's pods
@@ -79,6 +80,17 @@ class _Node:
 def _layout(gpus: Iterable[Gpu]) -> tuple[object, ...]:
     """What fixes a node's unit rows: everything but health and cordon."""
     return tuple((g.uuid, g.index, g.product, g.memory_mib, g.mode, g.slices, g.instances) for g in gpus)
+
+
+def _advertises(n: _Node, sid: str) -> bool:
+    """Whether ``sid`` is among the node's ids (``inventory.all_ids()``, without building that set):
+    its owner is one of the node's unit rows and its ordinal is below that row's slice count."""
+    try:
+        parsed = ids.decode(sid)
+    except GpuSliceError:
+        return False
+    row = n.keys.get(parsed.owner)
+    return row is not None and parsed.n < n.row_ids[row][1]
 
 
 def _to_datetime(now: float) -> datetime:
@@ -126,8 +138,7 @@ class ClusterView:
         """The node's inventory with ``used`` = the ids held now (pods and reservations)."""
         n = self.nodes[name]
         assert n.info.inventory is not None
-        known = n.info.inventory.all_ids()
-        return n.info.inventory.with_used(i for i in n.held if i in known)
+        return n.info.inventory.with_used(i for i in n.held if _advertises(n, i))
 
     def holder(self, name: str, slice_id: str) -> str | None:
         n = self.nodes.get(name)
@@ -151,7 +162,8 @@ class ClusterView:
         return out
 
     def unit_ids(self, name: str, row: int) -> tuple[str, ...]:
-        return self.nodes[name].row_ids[row]
+        owner, count = self.nodes[name].row_ids[row]
+        return ids.encode_all(owner, count)
 
     # ----- node events ------------------------------------------------------------------------
     def upsert_node(self, node: Mapping[str, Any]) -> str:
@@ -262,7 +274,7 @@ class ClusterView:
         assert n.info.inventory is not None
         rows = self.state.node_rows(n.row).tolist()
         keys: dict[str, int] = {}
-        row_ids: dict[int, tuple[str, ...]] = {}
+        row_ids: dict[int, tuple[str, int]] = {}
         if units is None:
             units = self._units(n.info.inventory)
         gpus = {g.uuid: g for g in n.info.inventory.gpus}
@@ -270,7 +282,7 @@ class ClusterView:
             key = unit.instance or unit.gpu
             keys[key] = row
             gpu = gpus[unit.gpu]
-            row_ids[row] = gpu.instance(unit.instance).slice_ids() if unit.instance else gpu.slice_ids()
+            row_ids[row] = (key, gpu.instance(unit.instance).compute_slices if unit.instance else gpu.slices)
         n.keys, n.row_ids = keys, row_ids
 
     def _drop_owners(self, n: _Node) -> None:
@@ -499,9 +511,8 @@ class ClusterView:
                     for g in {int(st.unit_gpu_id[r]) for r in rows}:
                         owners[(owner, g)] += 1
 
-        known = n.info.inventory.all_ids() if n.info.inventory is not None else frozenset()
         for uid, h in holdings.held.items():
-            missing = sorted(h.slice_ids - known)
+            missing = sorted(sid for sid in h.slice_ids if not _advertises(n, sid))
             if missing:
                 problems.append(PodProblem(h.pod, uid, f"holds ids not advertised on node {name}: "
                                                        f"{', '.join(missing)}"))
