@@ -16,7 +16,7 @@ Reading the file is the services' job; this module only validates a mapping or Y
     mpsLimits: memory-and-threads  # or memory-only
     memoryTolerance: 0.03          # 0..0.2
     isolationDefault: any          # mig | mps | any
-    policies: [{name: fragmentation, weight: 1}, {name: cost, weight: 1}]   # the default
+    policies: [{name: fragmentation, weight: 1}, {name: cost, weight: 1}, {name: utilization, weight: 1}]  # default
     narrowing: {margin: 0.0}
     reservationTTLSeconds: 60
     ownerSpread: true
@@ -158,13 +158,15 @@ def _check_price(price: float, where: str) -> None:
 
 #: The default scoring, the one place it is chosen: FGD-style packing against the online target
 #: (memory- and isolation-aware, MIG GPUs consolidated) plus ``cost`` (cheap capacity, nodes already
-#: paid for). Without prices ``cost`` has no signal and the mix scores exactly as ``fragmentation``
-#: alone (``gpuslice.policies.registry``). Measured on the built-in LLM day: bench/bench_builtin.py.
-DEFAULT_POLICIES: tuple[tuple[str, float], ...] = (("fragmentation", 1.0), ("cost", 1.0))
+#: paid for) plus ``utilization`` (away from GPUs DCGM reports near saturation; activity below its
+#: ``HOT_FROM`` is headroom, so moderately busy GPUs still take pods). Without prices or fresh DCGM samples
+#: those parts have no signal and the mix scores exactly as ``fragmentation`` alone
+#: (``gpuslice.policies.registry``). Measured on the built-in LLM day: bench/bench_builtin.py.
+DEFAULT_POLICIES: tuple[tuple[str, float], ...] = (("fragmentation", 1.0), ("cost", 1.0), ("utilization", 1.0))
 
 
 def default_policy_spec() -> str:
-    """The default policies as a registry spec, e.g. ``fragmentation:1,cost:1``."""
+    """The default policies as a registry spec, e.g. ``fragmentation:1,cost:1,utilization:1``."""
     return ",".join(f"{name}:{weight:g}" for name, weight in DEFAULT_POLICIES)
 
 

@@ -1,8 +1,11 @@
 """``utilization``: steer away from busy GPUs, by DCGM activity of the target GPU or MIG instance.
 
 LLM decoding is memory-bandwidth bound, so a unit's activity is the larger of its graphics-engine
-activity and its memory-bandwidth utilization (both 0..1). score = 1 - mean activity over the
-candidate's units. The signal lives in :class:`UtilizationMemory`, which the caller (extender
+activity and its memory-bandwidth utilization (both 0..1). Only what is above ``HOT_FROM`` counts:
+a GPU with headroom serves one more share at no cost to the others, and scoring moderate activity
+would only spread pods off partly used GPUs (the opposite of packing); nearer saturation each share
+slows every pod on it. A unit scores 1 - (activity - HOT_FROM) / (1 - HOT_FROM), clipped to 0..1,
+and a candidate the mean over its units. The signal lives in :class:`UtilizationMemory`, which the caller (extender
 signal refresher, simulator) updates; a unit whose sample is missing or older than ``max_age_s``
 scores 0.5, and with no fresh sample at all every candidate scores 0.5: stale data is neutral.
 """
@@ -19,6 +22,8 @@ from gpuslice.packing.state import Candidates, ClusterState, PackRequest
 from gpuslice.policies.base import F64, BasePolicy, PolicyContext
 
 NEUTRAL = 0.5
+#: Activity up to this level is headroom, not heat (see the module docstring).
+HOT_FROM = 0.6
 
 
 @dataclass(slots=True)
@@ -53,7 +58,8 @@ class Utilization(BasePolicy):
             return np.full(n, NEUTRAL)
         units = cands.units
         fresh = (mem.now - mem.sampled_at[units]) <= mem.max_age_s
-        per_unit = np.where(fresh, 1.0 - mem.activity[units], NEUTRAL)
+        heat = np.clip((mem.activity[units] - HOT_FROM) / (1.0 - HOT_FROM), 0.0, 1.0)
+        per_unit = np.where(fresh, 1.0 - heat, NEUTRAL)
         return np.asarray(np.clip(per_unit.mean(axis=1), 0.0, 1.0), dtype=np.float64)
 
 

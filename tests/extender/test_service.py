@@ -550,6 +550,30 @@ def test_live_signals_steer_placement_and_stale_ones_are_neutral() -> None:
     assert choice("probe3") == idle
 
 
+@pytest.mark.parametrize(("busy", "moved"), [(0.55, False), (0.9, True)])
+def test_only_a_hot_gpu_moves_a_pod_off_its_packing_choice(busy: float, moved: bool) -> None:
+    """Activity up to utilization.HOT_FROM is headroom: the default mix keeps packing onto it."""
+    items = [node_obj("gpu-a", [mps_gpu("gpu-a")]), node_obj("gpu-c", [mps_gpu("gpu-c")])]
+    clock = Clock()
+    ext = Extender(load_config({"version": "v1"}), MemoryBinder([]), clock=clock)
+    ext.load(items)
+    names = ("gpu-a", "gpu-c")
+
+    def choice(name: str) -> str:
+        res = ext.filter(wire.ExtenderArgs(pod_obj(name, 1), node_names=names))
+        ext.view.release(f"uid-{name}")
+        assert len(res.passing) == 1
+        return res.passing[0]
+
+    idle = choice("probe")
+    other = next(n for n in names if n != idle)
+    ext.apply_signals(SignalSnapshot(
+        gpu={"gr_engine": {(gpu_uuid(idle), None): (Sample(busy, NOW - 10, idle),),
+                           (gpu_uuid(other), None): (Sample(0.0, NOW - 10, other),)}},
+        nodes={}, max_age_s=120.0, clock=clock))
+    assert choice("probe2") == (other if moved else idle)
+
+
 def test_events_the_core_cannot_read_are_ignored() -> None:
     ext = static_extender(small_cluster())
     before = held_slices(ext)

@@ -51,7 +51,7 @@ def test_defaults() -> None:
     assert cfg.mps_limits == "memory-and-threads"
     assert cfg.memory_tolerance == 0.03
     assert cfg.isolation_default == "any"
-    assert cfg.policy_weights() == {"fragmentation": 1.0, "cost": 1.0}
+    assert cfg.policy_weights() == {"fragmentation": 1.0, "cost": 1.0, "utilization": 1.0}
     assert cfg.narrowing.margin == 0.0
     assert cfg.owner_spread is True
     assert cfg.reservation_ttl_seconds > 0
