@@ -12,8 +12,8 @@ expensive one, and ``o`` 1 when the placement opens a node:
 so among nodes in use the cheapest wins (the dear ones drain first), and opening a node costs a
 third more. OPEN_SHARE = 1 (only what is added now) packs small pods onto open H100 nodes that
 then never drain, and 0 (only the list price) opens cheap nodes while paid ones sit half empty;
-0.25 measured best on the built-in LLM day ($/h: 0 -> 765, 0.25 -> 742, 0.5 -> 734 but the mix with
-``fragmentation`` did better at 0.25, 1 -> 882). A cluster without prices (all 0) scores every candidate 1 and has no
+0.25 was chosen on the built-in LLM day (bench/bench_builtin.py, figures in bench/RESULTS.md).
+A cluster without prices (all 0) scores every candidate 1 and has no
 secondary order: no price data is neutral, not a penalty, and leaves a weighted mix as it was
 (see :mod:`gpuslice.policies.registry`). With prices, the tightest unit wins inside a node.
 """
