@@ -211,19 +211,22 @@ def decode_inventory(text: object) -> tuple[Gpu, ...]:
         for m, raw_inst in enumerate(g.array("instances")):
             iwhere = f"gpus[{n}].instances[{m}]"
             r = _Reader(_need_object(raw_inst, INVENTORY_KEY, iwhere), INVENTORY_KEY, iwhere)
-            uuid = r.text("uuid")
+            uuid = sys.intern(r.text("uuid"))
             with r.wrapped():
                 _check_owner(uuid, "uuid")
-            instances.append(MigInstance(uuid=uuid, profile=r.text("profile"), start=r.integer("start", 0),
+            instances.append(MigInstance(uuid=uuid, profile=sys.intern(r.text("profile")),
+                                         start=r.integer("start", 0),
                                          compute_slices=r.integer("slices", 1),
                                          memory_mib=r.integer("memoryMiB", 0)))
-        uuid = g.text("uuid")
+        # Interned, as pods' assignments name them (text_array), and so are the few products and modes.
+        uuid = sys.intern(g.text("uuid"))
         with g.wrapped():
             _check_owner(uuid, "uuid")
         mode = g.text("mode")
         if mode not in GPU_MODES:
             g.fail(f"field mode must be one of {', '.join(GPU_MODES)}, got {mode!r}")
-        index, product = g.integer("index", 0), g.text("product")
+        mode = sys.intern(mode)
+        index, product = g.integer("index", 0), sys.intern(g.text("product"))
         memory, slices = g.integer("memoryMiB", 0), g.integer("slices", 0)
         healthy, cordoned = g.boolean("healthy"), g.boolean("cordoned")
         with g.wrapped():

@@ -41,7 +41,6 @@ class NodeInfo:
     spec: NodeSpec
     inventory: NodeInventory | None
     error: str = ""
-    raw_inventory: object = None  # the annotation as read, so an unchanged one is not decoded again
     decoded: tuple[Gpu, ...] = ()  # its GPUs before the cordon annotation is applied
 
 
@@ -126,7 +125,9 @@ def project_node(node: Mapping[str, Any], *, config: Config | None = None,
         decoded: tuple[Gpu, ...] = ()
         inventory: NodeInventory | None = None
         if raw_inv is not None:
-            if previous is not None and previous.raw_inventory == raw_inv and previous.decoded:
+            # An annotation that is the previous GPUs as encoded (what the device plugin writes) is
+            # not decoded again, and its text is not kept for the comparison: a heartbeat is cheap.
+            if previous is not None and previous.decoded and raw_inv == ann.encode_inventory(previous.decoded):
                 decoded = previous.decoded
             else:
                 decoded = ann.decode_inventory(raw_inv)
@@ -138,4 +139,4 @@ def project_node(node: Mapping[str, Any], *, config: Config | None = None,
         cost = node_price(labels, annotations, inventory, config)
     except GpuSliceError as err:
         return NodeInfo(name, NodeSpec(name, 0, 0), None, f"node {name}: {err}")
-    return NodeInfo(name, NodeSpec(name, cpu, mem, product, cost), inventory, "", raw_inv, decoded)
+    return NodeInfo(name, NodeSpec(name, cpu, mem, product, cost), inventory, "", decoded)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import math
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
@@ -172,6 +173,21 @@ def test_node_projection() -> None:
     assert project_node(node_obj("n2", [whole_gpu("n2", 0, product="L4")])).spec.product == "L4"
     bare = project_node(node_obj("n3", None))
     assert bare.inventory is None and bare.error == "" and bare.spec.product == ""
+
+
+def test_an_unchanged_inventory_is_not_decoded_again() -> None:
+    """A heartbeat keeps the decoded GPUs (the view's fast path); an annotation written another way
+    is decoded afresh, to the same GPUs; a changed one gives the new GPUs."""
+    gpus = [mps_gpu("n1", 0), mig_gpu("n1", 1, (("7g.80gb", 0),))]
+    first = project_node(node_obj("n1", gpus))
+    assert project_node(node_obj("n1", gpus), previous=first).decoded is first.decoded
+    spaced = node_obj("n1", gpus)
+    text = spaced["metadata"]["annotations"][ann.INVENTORY_KEY]
+    spaced["metadata"]["annotations"][ann.INVENTORY_KEY] = json.dumps(json.loads(text), indent=1)
+    again = project_node(spaced, previous=first)
+    assert again.decoded is not first.decoded and again.decoded == first.decoded
+    changed = project_node(node_obj("n1", gpus[:1]), previous=first)
+    assert changed.decoded == tuple(gpus[:1])
 
 
 def test_cordon_annotation_marks_gpus_cordoned() -> None:
