@@ -436,10 +436,9 @@ class Scheduler:
             placement = self._placement(node, r.slice_ids)
             scores = {self.policy.name: float(ranked.score[i])}
         assert placement is not None
-        n = view.nodes[node]
         inventory = view.inventory(node)
-        holdings = n.holdings
-        if holdings is not None:
+        holdings = view.holdings(node)
+        if holdings.held:
             requests: dict[str, SliceRequest] = {}
             for uid in holdings.held:
                 p = view.pod(uid)

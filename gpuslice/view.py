@@ -73,7 +73,6 @@ class _Node:
     row_ids: dict[int, tuple[str, int]] = field(default_factory=dict)
     owners: Counter[tuple[str, int]] = field(default_factory=Counter)  # (owner, GPU id) counted in the state
     held: dict[str, str] = field(default_factory=dict)  # slice id -> holder UID (pods, then reservations)
-    holdings: Holdings | None = None  # the counting rule's answer for the node's pods
     problems: tuple[PodProblem, ...] = ()
 
 
@@ -160,6 +159,15 @@ class ClusterView:
         out += [str(p) for n in self.nodes.values() for p in n.problems]
         out += list(self.pod_errors.values())
         return out
+
+    def holdings(self, name: str) -> Holdings:
+        """The counting rule's answer for the node's pods now, settled when asked (``/bind`` asks for
+        one node) rather than kept for every node: it is what the last recompute of the node used."""
+        return self._settle(name, [self.pods[u] for u in self.by_node.get(name, ())])
+
+    def _settle(self, name: str, pods: list[_Pod]) -> Holdings:
+        claims = [p.claim for p in pods if p.claim is not None and p.claim.node == name]
+        return settle(name, claims, [p.problem for p in pods if p.problem is not None and p.concerns == name])
 
     def unit_ids(self, name: str, row: int) -> tuple[str, ...]:
         owner, count = self.nodes[name].row_ids[row]
@@ -303,7 +311,7 @@ class ClusterView:
         units: list[UnitSpec] = []
         per_node: list[tuple[_Node, list[UnitSpec]]] = []
         for n in self.nodes.values():
-            n.row, n.owners, n.held, n.holdings, n.problems = -1, Counter(), {}, None, ()
+            n.row, n.owners, n.held, n.problems = -1, Counter(), {}, ()
             if n.info.inventory is not None and not n.info.error:
                 mine = sorted(units_of(len(specs), n.info.inventory.with_used(())), key=lambda u: u.gpu_index)
                 specs.append(n.info.spec)
@@ -477,8 +485,7 @@ class ClusterView:
             return
         st = self.state
         pods = [self.pods[u] for u in self.by_node.get(name, ())]
-        claims = [p.claim for p in pods if p.claim is not None and p.claim.node == name]
-        holdings = settle(name, claims, [p.problem for p in pods if p.problem is not None and p.concerns == name])
+        holdings = self._settle(name, pods)
         problems = list(holdings.problems)
         used: dict[int, int] = {}
         held: dict[str, str] = {}
@@ -540,7 +547,7 @@ class ClusterView:
             delta = owners[key] - n.owners[key]
             if delta:
                 st.adjust_owner(key[0], key[1], delta)
-        n.owners, n.held, n.holdings, n.problems = owners, held, holdings, tuple(problems)
+        n.owners, n.held, n.problems = owners, held, tuple(problems)
 
     # ----- building from lists ----------------------------------------------------------------
     @classmethod
