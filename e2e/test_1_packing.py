@@ -5,12 +5,15 @@ down, and the Job is driven to completion (kubelet-dm's ``kubelet-dm/complete``)
 pods of 1, 2, 3 and 7 slices, MIG-only and any, with memory floors. Asserted: every pod lands; no id
 is held twice; each pod's ``allocated`` ids equal its assignment and kubelet's PodResources view; what
 kubelet-dm would hand each container (``kubelet-dm/run-options``) names the GPU or MIG instance of its
-assignment; and every DESIGN 8 count is 0.
+assignment; and every DESIGN 8 count is 0. A second batch, on an empty cluster, lands pod by pod on
+the node and GPU (or MIG instance) that ``gpu-slice simulate`` predicts for the same nodes and pods.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -18,6 +21,7 @@ import pytest
 from e2e.harness import (
     ASSIGNMENT,
     MANIFESTS,
+    REPO,
     System,
     ann_of,
     check_run_options,
@@ -92,4 +96,42 @@ def test_examples_and_batch_land_as_assigned(system: System, record: dict[str, A
     record.update(pods=len(everything), job_pods_run=ran, batch=len(BATCH),
                   slices_held=len(ids), counts={k: v for k, v in counts.__dict__.items() if k != "problems"})
     assert not counts.bad(), counts.problems
+    clean(system)
+
+
+#: Created in this (name) order, all at once: sizes 1-7, MIG-only, MPS-only and any, memory floors.
+SIM_BATCH = [("sim-00", 7, None, None), ("sim-01", 3, None, "mps"), ("sim-02", 2, "20Gi", "mig"),
+             ("sim-03", 1, "10Gi", "mig"), ("sim-04", 1, None, None), ("sim-05", 2, None, "mps"),
+             ("sim-06", 4, None, "mig"), ("sim-07", 3, None, None), ("sim-08", 1, None, "mps"),
+             ("sim-09", 2, None, None)]
+
+
+def _where(assignment: dict[str, Any]) -> str:
+    """The simulator's ``node/target`` for a real assignment (MIG instance, else each GPU)."""
+    targets = [assignment["instance"]] if assignment.get("instance") else list(assignment["gpus"])
+    return f"{assignment['node']}/{'+'.join(targets)}"
+
+
+def test_packing_equals_what_simulate_predicts(system: System, record: dict[str, Any]) -> None:
+    """The same nodes and pods, replayed by ``gpu-slice simulate`` with the extender's config, land
+    on the same node and GPU (or MIG instance), pod by pod."""
+    create_all(system, [slice_pod(n, k, memory=m, isolation=i) for n, k, m, i in SIM_BATCH])
+    placed = wait_placed(system, [n for n, *_ in SIM_BATCH])
+    dump = system.work / "sim-cluster.json"
+    dump.write_text(json.dumps({"apiVersion": "v1", "kind": "List",
+                                "items": [{"apiVersion": "v1", "kind": "Node", **n} for n in system.kube.nodes()]
+                                + [{"apiVersion": "v1", "kind": "Pod", **placed[n]} for n in sorted(placed)]}))
+    report = system.work / "sim-report.json"
+    done = subprocess.run([sys.executable, "-m", "gpuslice_cli", "simulate", "--nodes", str(dump), "--pods",
+                           str(dump), "--config", str(system.extender_config), "--inflate", "0", "--seeds", "42",
+                           "--mode", "protocol", "--json", str(report)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run,) = json.loads(report.read_text())["runs"]
+    predicted = run["placements"]
+    real = {p["metadata"]["uid"]: _where(json.loads(ann_of(p)[ASSIGNMENT])) for p in placed.values()}
+    names = {p["metadata"]["uid"]: n for n, p in placed.items()}
+    differ = {names[u]: (real[u], predicted.get(u)) for u in real if predicted.get(u) != real[u]}
+    record.update(pods=len(real), same_as_simulate=len(real) - len(differ), policy=run["policy"])
+    assert not differ, differ
     clean(system)

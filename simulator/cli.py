@@ -345,7 +345,7 @@ def _run_kube(args: argparse.Namespace, paths: list[Path], policies: list[str], 
                                      extender_weight=args.extender_weight, kube_scorer=args.kube_scorer)
                 r = replay(cluster.state(), requests, cluster.requests, policy, seed, opts,
                            progress=progress_bar(f"{name} {policy} {mode} seed {seed}"))
-                summaries.append(Summary.of(name, r))
+                summaries.append(Summary.of(name, r, with_placements=True))
                 if args.plot:
                     runs.append((name, r))
     print(table(summaries, {}))

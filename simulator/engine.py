@@ -56,6 +56,9 @@ class RunResult:
     allocated: F64
     placed: NDArray[np.bool_]
     seconds: float
+    #: Per pod, by its UID: where it landed, ``node/target[+target]`` (a MIG instance's UUID, else each
+    #: GPU's), or "" when it found no place. What ``simulate --json`` reports for v1 List replays.
+    placements: dict[str, str] = field(default_factory=dict)
 
     @property
     def pods_placed(self) -> int:
@@ -101,6 +104,8 @@ def replay(state: ClusterState, reqs: Sequence[PackRequest], base: Sequence[Pack
     arrived = np.cumsum(demand) / total * 100.0
     allocated = np.zeros(len(reqs))
     placed = np.zeros(len(reqs), dtype=bool)
+    where: dict[str, str] = {}
+    held = None
     mode = options.mode
     for i, req in enumerate(reqs):
         sched.observe(req)
@@ -138,10 +143,23 @@ def replay(state: ClusterState, reqs: Sequence[PackRequest], base: Sequence[Pack
                     kube = _kube_scores(state, best.node, req, options.kube_scorer)
                     c = int(best.index[kube_select(prio * 10, options.extender_weight, kube, kube_rng)])
         if c >= 0:
-            state.take(int(cands.node[c]), cands.units[c].tolist(), req.slices, req.cpu_milli,
-                       req.memory_mib, req.owner)
+            units = cands.units[c].tolist()
+            state.take(int(cands.node[c]), units, req.slices, req.cpu_milli, req.memory_mib, req.owner)
+            where[req.uid] = _where(state.node_names[int(cands.node[c])],
+                                    [(state.unit_gpu[u], state.unit_instance[u]) for u in units if u >= 0])
+        elif c == -2 and held is not None:
+            where[req.uid] = _where(held.node, held.units)
+        else:
+            where[req.uid] = ""
         placed[i] = c != -1
         allocated[i] = state.allocated_slices / total * 100.0
         if progress is not None and (i % 256 == 0 or i == len(reqs) - 1):
             progress(i + 1, len(reqs))
-    return RunResult(sched.policy.name, mode, seed, arrived, allocated, placed, time.perf_counter() - started)
+    return RunResult(sched.policy.name, mode, seed, arrived, allocated, placed, time.perf_counter() - started,
+                     where)
+
+
+def _where(node: str, units: Sequence[tuple[str, str]]) -> str:
+    """``node/target[+target]``: the MIG instance where there is one, else the GPU, each once."""
+    targets = list(dict.fromkeys(instance or gpu for gpu, instance in units))
+    return f"{node}/{'+'.join(targets)}"

@@ -31,11 +31,13 @@ def inflate_items(items: Sequence[T], capacity: int, seed: int, ratio: float, *,
     ``ValueError`` for a ratio that is not a finite number >= 0 (NaN or infinity would never stop)."""
     if not (math.isfinite(ratio) and ratio >= 0):
         raise ValueError(f"inflation ratio must be a finite number >= 0, got {ratio}")
+    if ratio == 0:  # "replay as listed" (simulate --inflate 0): listed order, nothing drawn
+        return list(items)
     rng = np.random.default_rng(seed)
     out = [items[i] for i in rng.permutation(len(items))]
     running = sum(total(x) for x in out)
     target = ratio * capacity
-    if ratio == 0 or running == target or not has_gpu_demand(items, total):
+    if running == target or not has_gpu_demand(items, total):
         return out
     if running > target:
         while running > target and out:

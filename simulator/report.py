@@ -74,17 +74,25 @@ class Summary:
     pods: int
     pods_placed: int
     seconds: float
+    #: Pod UID -> ``node/target`` (see ``RunResult.placements``); only for v1 List replays, whose pods
+    #: are real objects an operator can look up.
+    placements: dict[str, str] | None = None
 
     @classmethod
-    def of(cls, trace: str, r: RunResult) -> Summary:
+    def of(cls, trace: str, r: RunResult, *, with_placements: bool = False) -> Summary:
         return cls(trace, r.policy, r.mode, r.seed, unallocated_at(r.arrived, r.allocated, 100.0),
                    unallocated_at(r.arrived, r.allocated, 130.0), first_failure_arrived(r.arrived, r.allocated),
-                   int(r.placed.shape[0]), r.pods_placed, r.seconds)
+                   int(r.placed.shape[0]), r.pods_placed, r.seconds,
+                   dict(r.placements) if with_placements else None)
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for k in self.__slots__:
             v = getattr(self, k)
+            if k == "placements":
+                if v is not None:
+                    out[k] = v
+                continue
             out[k] = None if isinstance(v, float) and math.isnan(v) else (round(v, 4) if isinstance(v, float) else v)
         return out
 

@@ -7,7 +7,9 @@ import math
 import numpy as np
 import pytest
 
+from gpuslice.packing.state import PackRequest
 from simulator.inflate import inflate
+from simulator.kubefile import inflate_requests
 from simulator.metrics import binned_curve, first_failure_arrived, unallocated_at
 from simulator.openb import OpenbPod
 
@@ -60,3 +62,11 @@ def test_inflation_refuses_a_ratio_that_is_not_a_finite_non_negative_number() ->
     for ratio in (math.nan, math.inf, -1.0):
         with pytest.raises(ValueError, match="ratio"):
             inflate(pods, 1000, seed=0, ratio=ratio)
+
+
+def test_ratio_zero_replays_the_pods_as_listed() -> None:
+    """``simulate --inflate 0`` on a v1 List: its creation order, not a shuffle."""
+    reqs = [PackRequest(cpu_milli=1, memory_mib=1, gpus=1, slices=i % 7 + 1, uid=f"u{i}") for i in range(40)]
+    for seed in (0, 1, 42):
+        assert [r.uid for r in inflate_requests(reqs, 280, seed, 0)] == [r.uid for r in reqs]
+    assert [r.uid for r in inflate_requests(reqs, 280, 42, 1.0)] != [r.uid for r in reqs]

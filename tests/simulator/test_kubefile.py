@@ -90,6 +90,19 @@ def test_simulate_replays_a_v1_list(tmp_path: Path, capsys: pytest.CaptureFixtur
     runs = json.loads(report.read_text())["runs"]
     assert {r["policy"] for r in runs} == {"fgd", "bestfit"}
     assert all(r["pods_placed"] > 0 for r in runs)
+    # Where each pod landed, by UID: a node of the list, then a GPU or MIG instance of that node.
+    loaded = load_kube_cluster([cluster])
+    targets = {inv.node: {t for g in inv.gpus for t in (g.uuid, *(i.uuid for i in g.instances))}
+               for _, inv in loaded.nodes}
+    for r in runs:
+        where = r["placements"]
+        assert {q.uid for q in loaded.requests} <= set(where)  # with the inflated copies (--inflate)
+        landed = {uid: w for uid, w in where.items() if w}
+        assert len(landed) == r["pods_placed"] and len(where) == r["pods"]
+        for w in landed.values():
+            node, _, rest = w.partition("/")
+            assert node in targets or not rest, w
+            assert all(t in targets[node] for t in rest.split("+") if rest), w
 
 
 def test_simulate_refuses_mixed_formats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
