@@ -151,7 +151,9 @@ class Scheduler:
         self._keys_for = 0
         self._names: NDArray[np.object_] = np.zeros(0, dtype=object)
         self._names_for: tuple[int, int] = (0, -1)
-        self._lookup: tuple[tuple[int, int], tuple[str, ...], I64] | None = None
+        #: The last two name lookups (newest last): ``/filter`` over every node and ``/prioritize`` over
+        #: the nodes it passed alternate, and neither should evict the other.
+        self._lookups: list[tuple[tuple[int, int], tuple[str, ...], I64]] = []
 
     @classmethod
     def from_config(cls, cluster: Holder, config: Config | None = None, *, seed: int = 0) -> Scheduler:
@@ -321,12 +323,13 @@ class Scheduler:
         ``NodeNames`` for pod after pod, so the last lookup is kept until the node layout changes."""
         key = self._layout()
         as_tuple = names if isinstance(names, tuple) else tuple(names)
-        last = self._lookup
-        if last is not None and last[0] == key and last[1] == as_tuple:
-            return last[2]
+        for n, (k, kept, found) in enumerate(self._lookups):
+            if k == key and len(kept) == len(as_tuple) and kept == as_tuple:
+                self._lookups.append(self._lookups.pop(n))
+                return found
         index = self.state.node_index
         found = np.fromiter(map(index.get, as_tuple, repeat(-1)), dtype=np.int64, count=len(as_tuple))
-        self._lookup = (key, as_tuple, found)
+        self._lookups = [*self._lookups[-1:], (key, as_tuple, found)]
         return found
 
     def _rows(self, names: Sequence[str]) -> tuple[I64, dict[str, str], dict[str, str]]:
