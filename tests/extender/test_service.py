@@ -510,6 +510,14 @@ def test_the_dry_run_binder_keeps_pods_it_was_asked_about() -> None:
 # ------------------------------------------------------------------------------------------ signals
 
 
+def _probe(ext: Extender, name: str, names: tuple[str, ...]) -> str:
+    """The one node a 1-slice pod's narrowed /filter passes; its reservation is let go again."""
+    res = ext.filter(wire.ExtenderArgs(pod_obj(name, 1), node_names=names))
+    ext.view.release(f"uid-{name}")
+    assert len(res.passing) == 1
+    return res.passing[0]
+
+
 def test_live_signals_steer_placement_and_stale_ones_are_neutral() -> None:
     """apply_signals: OpenCost's live node price replaces the annotated one, DCGM activity feeds the
     utilization policy; a sample older than the snapshot's max age counts as no sample."""
@@ -523,10 +531,7 @@ def test_live_signals_steer_placement_and_stale_ones_are_neutral() -> None:
     names = ("gpu-a", "gpu-c")
 
     def choice(name: str) -> str:
-        res = ext.filter(wire.ExtenderArgs(pod_obj(name, 1), node_names=names))
-        ext.view.release(f"uid-{name}")
-        assert len(res.passing) == 1
-        return res.passing[0]
+        return _probe(ext, name, names)
 
     idle = choice("probe")
     busy_node, other = idle, next(n for n in names if n != idle)
@@ -558,20 +563,13 @@ def test_only_a_hot_gpu_moves_a_pod_off_its_packing_choice(busy: float, moved: b
     ext = Extender(load_config({"version": "v1"}), MemoryBinder([]), clock=clock)
     ext.load(items)
     names = ("gpu-a", "gpu-c")
-
-    def choice(name: str) -> str:
-        res = ext.filter(wire.ExtenderArgs(pod_obj(name, 1), node_names=names))
-        ext.view.release(f"uid-{name}")
-        assert len(res.passing) == 1
-        return res.passing[0]
-
-    idle = choice("probe")
+    idle = _probe(ext, "probe", names)
     other = next(n for n in names if n != idle)
     ext.apply_signals(SignalSnapshot(
         gpu={"gr_engine": {(gpu_uuid(idle), None): (Sample(busy, NOW - 10, idle),),
                            (gpu_uuid(other), None): (Sample(0.0, NOW - 10, other),)}},
         nodes={}, max_age_s=120.0, clock=clock))
-    assert choice("probe2") == (other if moved else idle)
+    assert _probe(ext, "probe2", names) == (other if moved else idle)
 
 
 def test_events_the_core_cannot_read_are_ignored() -> None:
