@@ -516,8 +516,8 @@ class _Reader:
         return value
 
     def text_array(self, name: str) -> list[str]:
-        """Strings, interned: tens of thousands of pods name the same slice ids and GPUs, and one copy
-        of each string is shared with the node inventories."""
+        """Strings, interned: a pod's assignment and allocated stamp name the same slice ids, and
+        tens of thousands of pods name the same GPUs (one copy shared with the node inventories)."""
         value = self.array(name)
         for item in value:
             if not isinstance(item, str):
