@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from extender.errors import KubeApiError
@@ -87,17 +87,27 @@ class ApiBinder:
 
 
 class MemoryBinder:
-    """Binds recorded in memory (``--cluster FILE``): the listed pods are the API server."""
+    """Binds recorded in memory (``--cluster FILE``): the listed pods are the API server.
 
-    def __init__(self, pods: list[Mapping[str, Any]]) -> None:
+    Only pods that may still be bound are kept as objects: the listed pending pods and any pod
+    kube-scheduler asks about. A pod the file already shows bound lives on in the view's projection
+    alone (kube-scheduler never binds it again), so a file of 50,000 running pods is not held twice.
+    """
+
+    def __init__(self, pods: Iterable[Mapping[str, Any]] = ()) -> None:
         self._lock = threading.Lock()
         self.pods: dict[tuple[str, str], Obj] = {}
         for pod in pods:
-            meta = pod.get("metadata") or {}
-            if isinstance(meta, Mapping):
-                self.pods[(str(meta.get("namespace") or "default"), str(meta.get("name") or ""))] = copy.deepcopy(
-                    dict(pod))
+            self.add(pod)
         self.binds: list[tuple[str, str, str]] = []
+
+    def add(self, pod: Mapping[str, Any]) -> None:
+        """A listed pod: kept (a copy) when it is not bound yet."""
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        if isinstance(meta, Mapping) and not (isinstance(spec, Mapping) and spec.get("nodeName")):
+            self.pods[(str(meta.get("namespace") or "default"), str(meta.get("name") or ""))] = copy.deepcopy(
+                dict(pod))
 
     def learn(self, pod: Mapping[str, Any]) -> None:
         """A pod kube-scheduler asked about: in a dry run it exists from then on (first sighting wins)."""

@@ -144,7 +144,7 @@ class Service:
         from extender.lease import Fence
         from extender.metrics import ExtenderMetrics
         from extender.service import Extender
-        from gpuslice.kubelist import parse_list_text
+        from gpuslice.kubelist import iter_list_items
 
         self.settings = settings
         self.metrics = ExtenderMetrics()
@@ -153,13 +153,21 @@ class Service:
         self._threads: list[threading.Thread] = []
         lease = f"{settings.lease_namespace}/{settings.lease_name}"
         if settings.cluster is not None:
+            binder = MemoryBinder()
+            self.ext = Extender(settings.config, binder, fence=Fence.disabled(), metrics=self.metrics,
+                                lease_name=lease)
+
+            def listed(stream: Any) -> Any:
+                # One item at a time from the file: projected as it is read, never held as a list.
+                for item in iter_list_items(stream):
+                    if item.get("kind") == "Pod":
+                        binder.add(item)
+                    yield item
             try:
-                items = parse_list_text(settings.cluster.read_text(encoding="utf-8"))
+                with settings.cluster.open(encoding="utf-8") as stream:
+                    self.ext.load(listed(stream))
             except (OSError, UnicodeDecodeError, GpuSliceError) as err:
                 raise SettingsError(f"--cluster {settings.cluster}: {err}") from None
-            self.ext = Extender(settings.config, MemoryBinder([i for i in items if i.get("kind") == "Pod"]),
-                                fence=Fence.disabled(), metrics=self.metrics, lease_name=lease)
-            self.ext.load(items)
             self.fence = self.ext.fence
         else:
             api = _api_client(settings.kubeconfig)

@@ -142,11 +142,18 @@ class Extender:
                 gc.freeze()
 
     def load(self, items: Iterable[Mapping[str, Any]]) -> None:
-        """A static cluster (``--cluster FILE``): the listed nodes and pods, then ready."""
-        nodes = [i for i in items if i.get("kind") == "Node"]
-        pods = [i for i in items if i.get("kind") == "Pod"]
-        self.on_relist("Node", [dict(n) for n in nodes])
-        self.on_relist("Pod", [self.transform("Pod", dict(p)) for p in pods])
+        """A static cluster (``--cluster FILE``): the listed nodes and pods, then ready. Each item is
+        slimmed or projected as it comes (``transform``), so a streamed file is never held whole."""
+        nodes: list[Obj | PodInfo] = []
+        projected: list[Obj | PodInfo] = []
+        for item in items:
+            kind = item.get("kind")
+            if kind == "Node":
+                nodes.append(self.transform("Node", dict(item)))
+            elif kind == "Pod":
+                projected.append(self.transform("Pod", dict(item)))
+        self.on_relist("Node", nodes)
+        self.on_relist("Pod", projected)
 
     def _warm(self) -> None:
         """Once both kinds have synced: the default policy learns from the pods already placed."""

@@ -7,10 +7,10 @@ rule as the services, so a file that loads here is one the extender would accept
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -63,6 +63,103 @@ def parse_list_text(text: str) -> list[Mapping[str, Any]]:
     for doc in docs:
         items.extend(list_items(doc))
     return items
+
+
+def iter_list_items(stream: IO[str] | str) -> Iterator[Mapping[str, Any]]:
+    """The items of :func:`parse_list_text`, one at a time, from a text stream.
+
+    A ``List`` of 50,000 pods parsed whole is gigabytes of Python objects held at once; this reads
+    the YAML (or JSON) as libyaml events and builds one item at a time, so a caller that projects
+    each item as it comes never holds more than one. Same documents, same errors as
+    :func:`parse_list_text`."""
+    loader: Any = _Loader(stream)
+    try:
+        loader.get_event()  # StreamStart
+        while not loader.check_event(yaml.StreamEndEvent):
+            loader.get_event()  # DocumentStart
+            if loader.check_event(yaml.MappingStartEvent):
+                yield from _document_items(loader)
+            else:
+                doc = _build(loader, {})
+                if doc is not None:
+                    yield from list_items(doc)
+            loader.get_event()  # DocumentEnd
+    except yaml.YAMLError as err:
+        raise GpuSliceError(f"not valid YAML: {err}") from None
+    finally:
+        loader.dispose()
+
+
+def _document_items(loader: Any) -> Iterator[Mapping[str, Any]]:
+    """One document that is a mapping: a List's items as they are read, else the object itself."""
+    anchors: dict[str, Any] = {}
+    loader.get_event()  # MappingStart
+    head: dict[Any, Any] = {}
+    waiting: list[Mapping[str, Any]] = []  # items read before the List's own kind
+    streamed = False
+    while not loader.check_event(yaml.MappingEndEvent):
+        key = _build(loader, anchors)
+        if key == "items" and loader.check_event(yaml.SequenceStartEvent) and head.get("kind", "List") in LIST_KINDS:
+            streamed = True
+            loader.get_event()
+            n = 0
+            while not loader.check_event(yaml.SequenceEndEvent):
+                item = _build(loader, anchors)
+                if not isinstance(item, Mapping):
+                    raise GpuSliceError(f"{head.get('kind', 'List')}.items[{n}] must be an object")
+                n += 1
+                if "kind" in item:
+                    yield from list_items(item)
+                elif "kind" in head:
+                    yield from list_items({"kind": head["kind"], "items": [item]})
+                else:
+                    waiting.append(item)
+            loader.get_event()
+        else:
+            head[key] = _build(loader, anchors)
+    loader.get_event()  # MappingEnd
+    if not streamed:
+        yield from list_items(head)
+        return
+    if head.get("kind", "List") not in LIST_KINDS:
+        raise GpuSliceError(f"a {head.get('kind')} with items is not a List")
+    if waiting:
+        yield from list_items({"kind": head.get("kind", "List"), "items": waiting})
+
+
+def _build(loader: Any, anchors: dict[str, Any]) -> Any:
+    """One node's Python value from the events, as the safe loader would construct it."""
+    event = loader.get_event()
+    if isinstance(event, yaml.AliasEvent):
+        if event.anchor not in anchors:
+            raise GpuSliceError(f"YAML alias *{event.anchor} names no anchor")
+        return anchors[event.anchor]
+    if isinstance(event, yaml.ScalarEvent):
+        tag = event.tag
+        if tag is None or tag == "!":
+            tag = loader.resolve(yaml.ScalarNode, event.value, event.implicit)
+        node = yaml.ScalarNode(tag, event.value, None, None, event.style)
+        make = loader.yaml_constructors.get(tag, loader.yaml_constructors.get(None))
+        value = make(loader, node)
+    elif isinstance(event, yaml.SequenceStartEvent):
+        value = []
+        while not loader.check_event(yaml.SequenceEndEvent):
+            value.append(_build(loader, anchors))
+        loader.get_event()
+    elif isinstance(event, yaml.MappingStartEvent):
+        value = {}
+        while not loader.check_event(yaml.MappingEndEvent):
+            key = _build(loader, anchors)
+            try:
+                value[key] = _build(loader, anchors)
+            except TypeError:
+                raise GpuSliceError(f"YAML mapping key {key!r} is not hashable") from None
+        loader.get_event()
+    else:
+        raise GpuSliceError(f"unexpected YAML event {type(event).__name__}")
+    if event.anchor is not None:
+        anchors[event.anchor] = value
+    return value
 
 
 def list_items(doc: object) -> list[Mapping[str, Any]]:

@@ -292,3 +292,16 @@ def test_gpu_slice_extender_serves_a_fake_cluster_and_stops_on_sigterm(cluster_f
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_memory_binder_keeps_only_pods_that_may_still_be_bound() -> None:
+    """--cluster: a pod the file shows bound lives only in the view; pending and asked-about pods are kept."""
+    from extender.binder import MemoryBinder
+
+    running = {"metadata": {"name": "run", "namespace": "ns", "uid": "u1"}, "spec": {"nodeName": "n1"}}
+    pending = {"metadata": {"name": "wait", "namespace": "ns", "uid": "u2"}, "spec": {}}
+    binder = MemoryBinder([running, pending])
+    assert binder.read_pod("ns", "run") is None
+    assert binder.read_pod("ns", "wait") == pending
+    binder.bind("ns", "wait", "u2", "n1")
+    assert [p["metadata"]["name"] for p in binder.node_pods("n1")] == ["wait"]
