@@ -207,14 +207,14 @@ async def test_assignment_is_honoured_and_stamped(env: Env) -> None:
     assert env.app.stamper is not None and env.app.stamper.mismatches == 0
 
 
-async def test_same_size_pods_bound_out_of_creation_order_each_get_their_own(env: Env) -> None:
+async def _bind_and_admit_two(env: Env, second_created: str) -> tuple[list[Any], tuple[str, ...], tuple[str, ...]]:
+    """"second" is bound first (older assignment) with ``second_created``, "first" after it, created
+    at 00:00:00; this kubelet admits "first" first. Returns the admissions and both pods' ids."""
     await env.start()
     u1, ids1 = inst(1)
     u2, ids2 = inst(2)
-    # "second" was bound first (older assignment) but created later; kubelet admits by creation time,
-    # and so does the plugin's guess of which pod it is serving.
     uid_second = env.bind("second", ids1, at="2025-01-01T00:00:01Z", gpus=(MIG.uuid,), instance=u1,
-                          created="2025-01-01T00:00:01Z")
+                          created=second_created)
     uid_first = env.bind("first", ids2, at="2025-01-01T00:00:02Z", gpus=(MIG.uuid,), instance=u2,
                          created="2025-01-01T00:00:00Z")
     await env.seen("first", "second")
@@ -222,26 +222,21 @@ async def test_same_size_pods_bound_out_of_creation_order_each_get_their_own(env
                                              slice_pod("first", 1, created=1.0, uid=uid_first)])
     assert [r.pod.name for r in results] == ["first", "second"]
     assert all(r.admitted for r in results), [r.error for r in results]
+    return results, ids1, ids2
+
+
+async def test_same_size_pods_bound_out_of_creation_order_each_get_their_own(env: Env) -> None:
+    # "second" was created later: kubelet admits by creation time, and so does the plugin's guess.
+    results, ids1, ids2 = await _bind_and_admit_two(env, "2025-01-01T00:00:01Z")
     assert results[0].ids() == frozenset(ids2) and results[1].ids() == frozenset(ids1)
     await until(lambda: env.allocated("first") == sorted(ids2) and env.allocated("second") == sorted(ids1))
     assert env.app.stamper is not None and env.app.stamper.mismatches == 0
 
 
 async def test_same_size_pods_admitted_against_the_plugins_guess_are_counted(env: Env) -> None:
-    await env.start()
-    u1, ids1 = inst(1)
-    u2, ids2 = inst(2)
     # Same creation second: the plugin guesses binding order ("second" first), but this kubelet
     # admits "first" first (its own tie-break), so the two swap.
-    uid_second = env.bind("second", ids1, at="2025-01-01T00:00:01Z", gpus=(MIG.uuid,), instance=u1,
-                          created="2025-01-01T00:00:00Z")
-    uid_first = env.bind("first", ids2, at="2025-01-01T00:00:02Z", gpus=(MIG.uuid,), instance=u2,
-                         created="2025-01-01T00:00:00Z")
-    await env.seen("first", "second")
-    results = await env.kubelet.admit_async([slice_pod("second", 1, created=2.0, uid=uid_second),
-                                             slice_pod("first", 1, created=1.0, uid=uid_first)])
-    assert [r.pod.name for r in results] == ["first", "second"]
-    assert all(r.admitted for r in results), [r.error for r in results]
+    results, ids1, ids2 = await _bind_and_admit_two(env, "2025-01-01T00:00:00Z")
     inventory = env.app.state.inventory() if env.app.state else None
     assert inventory is not None
     for r in results:  # each pod ends on one valid placement
