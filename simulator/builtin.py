@@ -107,7 +107,8 @@ def summarise(results: Sequence[Result]) -> list[dict[str, Any]]:
 
 def render(rows: Sequence[dict[str, Any]], *, cluster: Cluster, seeds: Sequence[int]) -> str:
     """The readable table, the reasons per policy, what the columns mean and how to read them."""
-    widths = (34, 7, 7, 6, 7, 8, 9, 6, 8, 8)
+    first = max([34, *(len(label(r["policy"])) for r in rows)])  # the default's label names its mix
+    widths = (first, 7, 7, 6, 7, 8, 9, 6, 8, 8)
     lines = [
         f"built-in LLM-serving day: {len(cluster.nodes)} nodes, {cluster.gpu_count} GPUs "
         f"(${cluster.hourly_cost():,.0f}/h if all kept up), seeds {_seed_text(seeds)}"
@@ -115,7 +116,7 @@ def render(rows: Sequence[dict[str, Any]], *, cluster: Cluster, seeds: Sequence[
         "  ".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, w) in enumerate(zip(COLUMNS, widths,
                                                                                       strict=True))),
     ]
-    fmt = ("{:<34}", "{:>7.1f}", "{:>7.1f}", "{:>6.1f}", "{:>7.1f}", "{:>8.1f}", "{:>9.1f}", "{:>6.1f}",
+    fmt = (f"{{:<{first}}}", "{:>7.1f}", "{:>7.1f}", "{:>6.1f}", "{:>7.1f}", "{:>8.1f}", "{:>9.1f}", "{:>6.1f}",
            "{:>8.0f}", "{:>8.0f}")
     for row in rows:
         shown = {**row, "policy": label(row["policy"])}
