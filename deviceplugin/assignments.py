@@ -131,6 +131,10 @@ class AssignmentBook:
 
     def upsert(self, pod: PodView) -> None:
         self.pods[pod.uid] = pod
+        self._note_bound(pod)
+
+    def _note_bound(self, pod: PodView) -> None:
+        """Give a pod seen bound to this node for the first time the next place in binding order."""
         if pod.node_name == self.node and pod.uid not in self.bound_seq:
             self.bound_seq[pod.uid] = self._next_seq
             self._next_seq += 1
@@ -151,9 +155,7 @@ class AssignmentBook:
         self.pods = {p.uid: p for p in fresh}
         self.bound_seq = {uid: n for uid, n in self.bound_seq.items() if uid in self.pods}
         for pod in fresh:
-            if pod.node_name == self.node and pod.uid not in self.bound_seq:
-                self.bound_seq[pod.uid] = self._next_seq
-                self._next_seq += 1
+            self._note_bound(pod)
         live_keys = {p.key for p in self.pods.values()}
         self.admitted = {k: v for k, v in self.admitted.items() if k in live_keys}
 
