@@ -342,7 +342,8 @@ def _run_kube(args: argparse.Namespace, paths: list[Path], policies: list[str], 
         for policy in policies:
             for mode in modes:
                 opts = EngineOptions(mode=mode, slices=cluster.slices_per_gpu, narrow=narrow,
-                                     extender_weight=args.extender_weight, kube_scorer=args.kube_scorer)
+                                     extender_weight=args.extender_weight, kube_scorer=args.kube_scorer,
+                                     placements=True)
                 r = replay(cluster.state(), requests, cluster.requests, policy, seed, opts,
                            progress=progress_bar(f"{name} {policy} {mode} seed {seed}"))
                 summaries.append(Summary.of(name, r, with_placements=True))

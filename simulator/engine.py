@@ -43,6 +43,9 @@ class EngineOptions:
     narrow: NarrowConfig = field(default_factory=NarrowConfig)
     extender_weight: int = 1
     kube_scorer: str = "none"
+    #: Record where each pod landed (``RunResult.placements``): v1 List replays report it; trace
+    #: replays of thousands of pods under many seeds do not need it.
+    placements: bool = False
 
 
 @dataclass(slots=True)
@@ -57,7 +60,7 @@ class RunResult:
     placed: NDArray[np.bool_]
     seconds: float
     #: Per pod, by its UID: where it landed, ``node/target[+target]`` (a MIG instance's UUID, else each
-    #: GPU's), or "" when it found no place. What ``simulate --json`` reports for v1 List replays.
+    #: GPU's), or "" when it found no place; filled when ``EngineOptions.placements`` asks for it.
     placements: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -145,12 +148,11 @@ def replay(state: ClusterState, reqs: Sequence[PackRequest], base: Sequence[Pack
         if c >= 0:
             units = cands.units[c].tolist()
             state.take(int(cands.node[c]), units, req.slices, req.cpu_milli, req.memory_mib, req.owner)
-            where[req.uid] = _where(state.node_names[int(cands.node[c])],
-                                    [(state.unit_gpu[u], state.unit_instance[u]) for u in units if u >= 0])
-        elif c == -2 and held is not None:
-            where[req.uid] = _where(held.node, held.units)
-        else:
-            where[req.uid] = ""
+            if options.placements:
+                where[req.uid] = _where(state.node_names[int(cands.node[c])],
+                                        [(state.unit_gpu[u], state.unit_instance[u]) for u in units if u >= 0])
+        elif options.placements:  # -2: bound by the filter's reservation; -1: no place
+            where[req.uid] = _where(held.node, held.units) if c == -2 and held is not None else ""
         placed[i] = c != -1
         allocated[i] = state.allocated_slices / total * 100.0
         if progress is not None and (i % 256 == 0 or i == len(reqs) - 1):
