@@ -16,10 +16,11 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 from extender.errors import ExtenderError
 from gpuslice.config import Config, default_config, load_config_text
@@ -157,7 +158,7 @@ class Service:
             self.ext = Extender(settings.config, binder, fence=Fence.disabled(), metrics=self.metrics,
                                 lease_name=lease)
 
-            def listed(stream: Any) -> Any:
+            def listed(stream: IO[str]) -> Iterator[Mapping[str, Any]]:
                 # One item at a time from the file: projected as it is read, never held as a list.
                 for item in iter_list_items(stream):
                     if item.get("kind") == "Pod":

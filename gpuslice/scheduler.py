@@ -324,7 +324,7 @@ class Scheduler:
         key = self._layout()
         as_tuple = names if isinstance(names, tuple) else tuple(names)
         for n, (k, kept, found) in enumerate(self._lookups):
-            if k == key and len(kept) == len(as_tuple) and kept == as_tuple:
+            if k == key and kept == as_tuple:
                 self._lookups.append(self._lookups.pop(n))
                 return found
         index = self.state.node_index
