@@ -799,6 +799,17 @@ def wait_placed(system: System, names: Iterable[str], timeout: float = 180) -> d
     return got
 
 
+def place_and_remove(system: System, body: dict[str, Any]) -> dict[str, Any]:
+    """A probe: create the pod, wait until it runs stamped, delete it and wait until it is gone, so
+    the next probe meets the same cluster; returns the pod as it ran (its assignment tells where)."""
+    name = body["metadata"]["name"]
+    create_all(system, [body])
+    placed = wait_placed(system, [name])[name]
+    system.kube.delete_pod(name)
+    wait(f"{name} gone", lambda: system.kube.pod(name) is None, 60)
+    return placed
+
+
 def clean(system: System, timeout: float = 120) -> None:
     """Delete the test namespace's Deployments and pods and wait until kubelet-dm has let them go."""
     system.kubectl("delete", "deployment,job,hpa,service", "--all", "-n", TEST_NS, "--ignore-not-found",

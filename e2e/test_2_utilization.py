@@ -26,6 +26,7 @@ from e2e.harness import (
     counts_dict,
     create_all,
     http,
+    place_and_remove,
     slice_pod,
     wait,
     wait_placed,
@@ -36,8 +37,8 @@ pytestmark = pytest.mark.timeout(300)
 UTILIZATION = "example.com/simulated-utilization"
 
 
-def _gpu_of(system: System, name: str) -> str:
-    gpu: str = json.loads(ann_of(system.kube.pod(name) or {"metadata": {}})[ASSIGNMENT])["gpus"][0]
+def _gpu(pod: dict[str, Any]) -> str:
+    gpu: str = json.loads(ann_of(pod)[ASSIGNMENT])["gpus"][0]
     return gpu
 
 
@@ -53,15 +54,10 @@ def _activity(system: System, gpu: str) -> float | None:
 
 def test_busy_gpu_is_avoided_once_scraped(system: System, record: dict[str, Any]) -> None:
     create_all(system, [slice_pod("busy", 6, isolation="mps", annotations={UTILIZATION: "0"})])
-    wait_placed(system, ["busy"])
-    gpu = _gpu_of(system, "busy")
+    gpu = _gpu(wait_placed(system, ["busy"])["busy"])
     wait("Prometheus holding the idle GPU's activity", lambda: _activity(system, gpu) == 0.0, 60)
 
-    create_all(system, [slice_pod("probe-idle", 1, isolation="mps")])
-    wait_placed(system, ["probe-idle"])
-    idle_choice = _gpu_of(system, "probe-idle")
-    system.kube.delete_pod("probe-idle")
-    wait("probe-idle gone", lambda: system.kube.pod("probe-idle") is None, 60)
+    idle_choice = _gpu(place_and_remove(system, slice_pod("probe-idle", 1, isolation="mps")))
     assert idle_choice == gpu, "precondition: with every GPU idle, packing puts the probe beside the busy pod"
 
     t0 = time.monotonic()
@@ -71,8 +67,7 @@ def test_busy_gpu_is_avoided_once_scraped(system: System, record: dict[str, Any]
     time.sleep(5)  # the extender's signal refresher runs every 2 s here (--signal-interval 2)
 
     create_all(system, [slice_pod("probe-busy", 1, isolation="mps")])
-    wait_placed(system, ["probe-busy"])
-    busy_choice = _gpu_of(system, "probe-busy")
+    busy_choice = _gpu(wait_placed(system, ["probe-busy"])["probe-busy"])
     record.update(busy_gpu=gpu, probe_when_idle=idle_choice, probe_when_busy=busy_choice,
                   scraped_after_s=round(scraped, 1))
     assert busy_choice != gpu, f"the probe went to the busy GPU {gpu}"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from e2e.harness import ASSIGNMENT, System, ann_of, clean, counts_dict, create_all, slice_pod, wait, wait_placed
+from e2e.harness import ASSIGNMENT, System, ann_of, clean, counts_dict, place_and_remove, slice_pod, wait
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,11 +33,8 @@ def _price(system: System, prices: dict[str, str | None]) -> None:
 
 
 def _place_one(system: System, name: str) -> str:
-    create_all(system, [slice_pod(name, 1, isolation="mps")])
-    pod = wait_placed(system, [name])[name]
+    pod = place_and_remove(system, slice_pod(name, 1, isolation="mps"))
     node: str = json.loads(ann_of(pod)[ASSIGNMENT])["node"]
-    system.kube.delete_pod(name)
-    wait(f"{name} gone", lambda: system.kube.pod(name) is None, 60)
     return node
 
 
