@@ -219,7 +219,7 @@ class Extender:
                 if node.row < 0:
                     continue
                 cost = snap.live_node_cost(name, now=now)
-                st.node_cost[node.row] = cost if cost is not None else node.info.spec.cost_per_hour
+                st.set_node_cost(node.row, cost if cost is not None else node.info.spec.cost_per_hour)
             mems = self.sched.memory if isinstance(self.sched.memory, tuple) else (self.sched.memory,)
             util = [m for m in mems if isinstance(m, UtilizationMemory)]
             if not util:

@@ -117,6 +117,18 @@ class Ranked:
 
 
 @dataclass(frozen=True, slots=True)
+class Cycle:
+    """The last filter's ranking of one pod, which ``prioritize`` for the same pod reuses while
+    nothing changed in between (kube-scheduler's CycleState: a pod's filter and score read one
+    snapshot). ``token`` is what must be unchanged; ``mask``: the rows it ranked (None = all)."""
+
+    req: PackRequest
+    token: tuple[int, int, int, object]
+    mask: NDArray[np.bool_] | None
+    ranked: Ranked
+
+
+@dataclass(frozen=True, slots=True)
 class FilterResult:
     """``feasible``: node names handed to kube-scheduler, best first; ``failed`` and
     ``unresolvable``: name -> reason; ``error``: the pod itself cannot be scheduled as written."""
@@ -154,6 +166,8 @@ class Scheduler:
         #: The last two name lookups (newest last): ``/filter`` over every node and ``/prioritize`` over
         #: the nodes it passed alternate, and neither should evict the other.
         self._lookups: list[tuple[tuple[int, int], tuple[str, ...], I64]] = []
+        self._observed = 0
+        self._cycle: Cycle | None = None
 
     @classmethod
     def from_config(cls, cluster: Holder, config: Config | None = None, *, seed: int = 0) -> Scheduler:
@@ -181,6 +195,7 @@ class Scheduler:
     def observe(self, req: PackRequest) -> None:
         """A pod arrived: policies that learn the workload see it (once per pod, before it is scored)."""
         self.policy.observe(self.memory, req)
+        self._observed += 1
 
     def warm_start(self, reqs: Iterable[PackRequest]) -> int:
         """Learn from the pods already placed (after a restart the workload is not started from nothing)."""
@@ -201,6 +216,24 @@ class Scheduler:
         score = self.policy.score(st, req, cands, self.memory)
         secondary = self.policy.secondary(st, req, cands, self.memory)
         return Ranked(fit, cands, best_per_node(cands, score, secondary), score, secondary)
+
+    def _token(self) -> tuple[int, int, int, object]:
+        """Everything a ranking depends on besides the request: the state and what the policies know."""
+        st = self.state
+        return st.generation, st.changes, self._observed, self.policy.memory_token(self.memory)
+
+    def _cycle_ranking(self, req: PackRequest, rows: I64) -> Ranked | None:
+        """The last filter's ranking when it was of this request, covers ``rows`` and still holds."""
+        cyc = self._cycle
+        if cyc is None or cyc.req != req or cyc.token != self._token():
+            return None
+        if cyc.mask is not None and not bool(cyc.mask[rows].all()):
+            return None
+        return cyc.ranked
+
+    def forget_cycle(self) -> None:
+        """Drop the kept ranking (the next prioritize ranks afresh)."""
+        self._cycle = None
 
     def narrowed(self, ranked: Ranked) -> NodeBest:
         return narrowed_filter(ranked.best, self.node_keys(), self.narrow)
@@ -247,6 +280,10 @@ class Scheduler:
             i = int(chosen.index[0])
             self.cluster.hold(self.reservation_for(req, int(ranked.cands.node[i]), ranked.cands.units[i].tolist(),
                                                    now))
+        # The token is read after the hold, which belongs to this pod's cycle: prioritize then gives
+        # the other nodes the scores they had before it, what placing the pod there instead would
+        # give (it is placed once, not twice).
+        self._cycle = Cycle(req, self._token(), mask, ranked) if req.uid else None
         refused: Explained | None = None
         if explain_refused:
             pool = np.flatnonzero(mask) if mask is not None else np.flatnonzero(st.node_alive)
@@ -273,9 +310,11 @@ class Scheduler:
         if lead >= 0 and rows.shape[0] == 1:
             out[0] = 10
             return out
-        mask = np.zeros(st.n_nodes, dtype=bool)
-        mask[rows] = True
-        ranked = self.rank(req, mask)
+        ranked = self._cycle_ranking(req, rows)
+        if ranked is None:
+            mask = np.zeros(st.n_nodes, dtype=bool)
+            mask[rows] = True
+            ranked = self.rank(req, mask)
         per_node = np.full(st.n_nodes, -1.0)
         per_node[ranked.best.node] = ranked.best.score
         scores = per_node[rows]

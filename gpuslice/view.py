@@ -247,7 +247,7 @@ class ClusterView:
             self.state.set_node_resources(v, spec.cpu_milli, spec.memory_mib)
         if spec.product != pspec.product:
             self.state.set_node_product(v, spec.product)
-        self.state.node_cost[v] = spec.cost_per_hour
+        self.state.set_node_cost(v, spec.cost_per_hour)
         assert info.inventory is not None and prev.inventory is not None
         if info.decoded is prev.decoded and info.inventory.gpus == prev.inventory.gpus:
             return  # a heartbeat or a label change: the GPUs are as they were

@@ -241,6 +241,9 @@ class ClusterState:
         # Structure changes (a node added, removed or re-laid out) bump this; caches keyed by node
         # row, unit row or slot compare it, as they compare ``node_version`` for usage changes.
         self.layout_version = 0
+        # Any change at all (usage, capacity, health, owners, prices, layout) bumps this, so a
+        # decision computed at one value holds while it is unchanged (the scheduler's pod cycle).
+        self.changes = 0
         # Which state object a cache was built for: unlike id(), never reused by a later state.
         self.generation = next(_GENERATIONS)
         self.node_alive: B = np.ones(n, dtype=bool)
@@ -380,6 +383,7 @@ class ClusterState:
         self.node_cpu_free[v] = self.node_mem_free[v] = -1
         self.node_classes[v] = 0
         self.node_version[v] += 1
+        self.changes += 1
         self.layout_version += 1
         self._refresh_maxima()
 
@@ -406,6 +410,7 @@ class ClusterState:
         self.node_cpu_cap[v], self.node_mem_cap[v] = cpu_milli, memory_mib
         self._refresh_maxima()
         self.node_version[v] += 1
+        self.changes += 1
 
     def set_node_product(self, v: int, product: str) -> None:
         self._check_node(v)
@@ -415,6 +420,13 @@ class ClusterState:
         self.node_product[v] = self.product_index[product]
         self._product_masks = {}
         self.node_version[v] += 1
+        self.changes += 1
+
+    def set_node_cost(self, v: int, cost_per_hour: float) -> None:
+        """The node's price now (list price, or the live one from OpenCost)."""
+        if float(self.node_cost[v]) != cost_per_hour:
+            self.node_cost[v] = cost_per_hour
+            self.changes += 1
 
     def set_units_usable(self, rows: Sequence[int], usable: Sequence[bool]) -> None:
         """Health or cordon of units changed in place (same layout)."""
@@ -425,6 +437,7 @@ class ClusterState:
             raise PackingError("unit row out of range")
         self.unit_usable[r] = np.asarray(usable, dtype=bool)
         self.node_version[np.unique(self.unit_node[r])] += 1
+        self.changes += 1
 
     def set_node_usage(self, v: int, rows: Sequence[int], free: Sequence[int], cpu_used: int, memory_used: int,
                        classes: Sequence[int]) -> None:
@@ -445,9 +458,11 @@ class ClusterState:
         self.node_mem_free[v] = int(self.node_mem_cap[v]) - memory_used
         self.node_classes[v] = np.asarray(classes, dtype=np.int64)
         self.node_version[v] += 1
+        self.changes += 1
 
     def adjust_owner(self, owner: str, gpu_id: int, delta: int) -> None:
         """Pods of ``owner`` on GPU ``gpu_id`` changed by ``delta`` (the owner-spread bookkeeping)."""
+        self.changes += 1
         d = self._owners.setdefault(owner, {})
         c = d.get(gpu_id, 0) + delta
         if c < 0:
@@ -481,6 +496,7 @@ class ClusterState:
         self.node_slice_cap[v] = 0
         self._refresh_views(v)
         self.node_version[v] += 1
+        self.changes += 1
         self.layout_version += 1
 
     def _append_units(self, v: int, units: Sequence[UnitSpec]) -> None:
@@ -534,6 +550,7 @@ class ClusterState:
         self.max_node_gpus = max(self.max_node_gpus, k)
         self._refresh_views(v)
         self.node_version[v] += 1
+        self.changes += 1
         self.layout_version += 1
 
     def _refresh_views(self, v: int) -> None:
@@ -574,6 +591,7 @@ class ClusterState:
                 len(units), POD_CLASSES - 1)
             self.node_classes[node, cls] += sign
         self.node_version[node] += 1
+        self.changes += 1
 
 
 def enumerate_candidates(state: ClusterState, req: PackRequest, fit: Fit | None = None,

@@ -38,6 +38,10 @@ class Policy(Protocol):
     def observe(self, memory: Any, req: PackRequest) -> None:
         """Learn from a pod that arrived (called once per pod, before scoring it)."""
 
+    def memory_token(self, memory: Any) -> object:
+        """What changes when ``memory`` changes other than by ``observe`` (live signals written into it
+        from outside); a ranking computed at one token holds while the token and the state hold."""
+
     def score(self, state: ClusterState, req: PackRequest, cands: Candidates, memory: Any) -> F64: ...
 
     def secondary(self, state: ClusterState, req: PackRequest, cands: Candidates, memory: Any) -> F64: ...
@@ -52,6 +56,9 @@ class BasePolicy:
         return None
 
     def observe(self, memory: Any, req: PackRequest) -> None:
+        return None
+
+    def memory_token(self, memory: Any) -> object:
         return None
 
     def score(self, state: ClusterState, req: PackRequest, cands: Candidates, memory: Any) -> F64:

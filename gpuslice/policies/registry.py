@@ -87,6 +87,9 @@ class Weighted:
         for (p, _), m in zip(self.parts, memory, strict=True):
             p.observe(m, req)
 
+    def memory_token(self, memory: Any) -> object:
+        return tuple(p.memory_token(m) for (p, _), m in zip(self.parts, memory, strict=True))
+
     def score(self, state: ClusterState, req: PackRequest, cands: Candidates, memory: Any) -> F64:
         if len(self.parts) == 1:
             p, _ = self.parts[0]

@@ -34,6 +34,7 @@ class UtilizationMemory:
     sampled_at: F64 = field(default_factory=lambda: np.zeros(0))
     now: float = 0.0
     max_age_s: float = 120.0
+    version: int = 0  # bumped by every update, so a ranking knows whether it saw these samples
 
     def update(self, units: NDArray[np.int64], activity: F64, at: float, n_units: int) -> None:
         """Record samples for ``units`` taken at ``at`` (arrays grow to ``n_units`` + sentinel)."""
@@ -43,6 +44,7 @@ class UtilizationMemory:
             self.sampled_at = np.concatenate([self.sampled_at, np.full(grow, -np.inf)])
         self.activity[units] = np.clip(activity, 0.0, 1.0)
         self.sampled_at[units] = at
+        self.version += 1
 
 
 class Utilization(BasePolicy):
@@ -50,6 +52,10 @@ class Utilization(BasePolicy):
 
     def new_memory(self, ctx: PolicyContext) -> Any:
         return UtilizationMemory()
+
+    def memory_token(self, memory: Any) -> object:
+        # Freshness is judged against ``now``, so a ranking holds only at the same ``now`` too.
+        return (memory.version, memory.now) if isinstance(memory, UtilizationMemory) else None
 
     def score(self, state: ClusterState, req: PackRequest, cands: Candidates, memory: Any) -> F64:
         n = len(cands)

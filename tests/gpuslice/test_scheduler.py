@@ -146,6 +146,91 @@ def test_prioritize_gives_ten_to_the_node_the_filter_reserved() -> None:
     assert sched2.prioritize(pod_obj("u3", 0), [empty, busy], NOW) == [(empty, 0), (busy, 0)]
 
 
+def three_mps_nodes() -> tuple[list[str], list[dict[str, Any]]]:
+    """Three one-GPU MPS nodes with 0, 2 and 4 of 7 slices in use, in the consistent node order."""
+    names = sorted(["n-a", "n-b", "n-c"], key=node_key)
+    objs: list[dict[str, Any]] = []
+    for i, name in enumerate(names):
+        g = mps_gpu(name, 0)
+        objs.append(node_obj(name, [g]))
+        if i:
+            objs.append(pod_obj(f"run{i}", 2 * i, node=name, assigned=sids(g.uuid, 2 * i), cpu="0"))
+    return names, objs
+
+
+def count_ranks(sched: Scheduler, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls = [0]
+    real = sched.rank
+
+    def counted(*a: Any, **kw: Any) -> Any:
+        calls[0] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(sched, "rank", counted)
+    return calls
+
+
+def test_prioritize_reuses_the_filter_ranking_of_the_same_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Filter then prioritize of one pod read one snapshot: prioritize ranks nothing again, and its
+    answer is what a scheduler that never filtered the pod gives (the best node leads either way)."""
+    names, objs = three_mps_nodes()
+    _, sched = build(objs, policy="bestfit")
+    _, fresh = build(objs, policy="bestfit")
+    pod = pod_obj("u1", 2, cpu="0")
+    res = sched.filter(pod, names, NOW)
+    assert res.feasible == (names[2],)
+    calls = count_ranks(sched, monkeypatch)
+    got = sched.prioritize(pod, names, NOW)
+    assert calls[0] == 0
+    assert got == fresh.prioritize(pod, names, NOW)
+    assert dict(got)[names[2]] == 10
+    # another pod, or the same pod over nodes the filter did not rank: ranked afresh
+    sched.prioritize(pod_obj("u2", 2, cpu="0"), names, NOW)
+    assert calls[0] == 1
+    sched.filter(pod, names[:2], NOW)  # ranks once itself
+    sched.prioritize(pod, names, NOW)
+    assert calls[0] == 3
+
+
+def test_a_change_between_filter_and_prioritize_is_seen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Usage, price and live activity written after the filter all make prioritize rank again."""
+    names, objs = three_mps_nodes()
+    view, sched = build(objs, policy="bestfit")
+    pod = pod_obj("u1", 2, cpu="0")
+    assert sched.filter(pod, names[:2], NOW).feasible == (names[1],)
+    # another pod binds and fills names[0] before the pod's prioritize comes
+    g0 = mps_gpu(names[0], 0)
+    view.upsert_pod(pod_obj("late", 7, node=names[0], assigned=sids(g0.uuid, 7), cpu="0"), NOW)
+    calls = count_ranks(sched, monkeypatch)
+    got = dict(sched.prioritize(pod, names[:2], NOW))
+    assert calls[0] == 1 and got[names[0]] == 0 and got[names[1]] == 10
+
+    _, priced = build(objs, policy="cost")
+    priced.filter(pod, names, NOW)
+    calls = count_ranks(priced, monkeypatch)
+    priced.prioritize(pod, names, NOW)
+    assert calls[0] == 0
+    priced.state.set_node_cost(priced.state.node_index[names[0]], 99.0)
+    priced.prioritize(pod, names, NOW)
+    assert calls[0] == 1
+
+    _, hot = build(objs, policy="utilization")
+    hot.filter(pod, names, NOW)
+    calls = count_ranks(hot, monkeypatch)
+    hot.prioritize(pod, names, NOW)
+    assert calls[0] == 0
+    (mem,) = hot.memory
+    mem.update(np.array([0], dtype=np.int64), np.array([0.9]), NOW, hot.state.n_units)
+    hot.prioritize(pod, names, NOW)
+    assert calls[0] == 1
+    mem.now = NOW + 1
+    hot.prioritize(pod, names, NOW)
+    assert calls[0] == 2
+    hot.observe(PackRequest(gpus=1, slices=1))
+    hot.prioritize(pod, names, NOW)
+    assert calls[0] == 3
+
+
 # --------------------------------------------------------------------------- reservations
 
 def test_filter_reserves_by_uid_and_the_next_pod_sees_it() -> None:
