@@ -19,9 +19,11 @@ Workloads:
   dropped; figure: the time-averaged unallocated slice % over the last two thirds of the run
   (the saturated part). Same event list for every policy.
 
-Every figure is "lower is better". The verdict lines compare the default (``fragmentation``, the
-packing part of the default mix; on openb the mix scores exactly as it, the traces have no prices)
-with ``fgd`` and with the best baseline, on the means, and list seeds where the margin is under 0.1.
+Every figure is "lower is better". ``default`` is the policy mix a fresh install runs
+(``gpuslice.config.DEFAULT_POLICIES``): on the openb traces it scores as ``fragmentation`` alone
+(no prices, no DCGM samples), on the fake clusters its ``cost`` part sees their node prices. The
+verdict lines compare it with ``fgd`` and with the best baseline, on the means, and list seeds
+where the margin is under 0.1.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from robust_workloads import FAKE_MODES, OPENB_VARIANTS, describe, fake_cluster_file
 
+from gpuslice.config import default_policy_spec
 from gpuslice.packing.state import ClusterState, PackRequest
 from gpuslice.scheduler import PackedCluster, Scheduler
 from simulator.cli import NODE_FILE, _published, default_trace_dir, parse_seeds
@@ -53,10 +56,15 @@ from simulator.metrics import unallocated_at
 from simulator.openb import MILLI, read_nodes, read_pods
 
 SHARED = ("default", "cpu050", "gpushare40", "gpushare80", "gpuspec20", "multigpu30")
-DEFAULT = "fragmentation"
+DEFAULT = "default"  # the configured default mix (see ``spec``)
 BASELINES = ("fgd", "random", "bestfit", "binpack", "dotprod", "gpupacking", "gpuclustering", "spread", "cost",
              "utilization")
 POLICIES = (DEFAULT, *BASELINES)
+
+
+def spec(policy: str) -> str:
+    """The registry spec to run for a policy name of this bench (``default``: the default mix)."""
+    return default_policy_spec() if policy == DEFAULT else policy
 
 
 def departures_replay(state: ClusterState, shapes: Sequence[PackRequest], policy: str, seed: int, *,
@@ -73,7 +81,7 @@ def departures_replay(state: ClusterState, shapes: Sequence[PackRequest], policy
     lives = rng.exponential(1.0, size=n)
     picks = rng.integers(len(shapes), size=n)
     cluster = PackedCluster(state)
-    sched = Scheduler(cluster, policy, seed=seed, trace=list(shapes))
+    sched = Scheduler(cluster, spec(policy), seed=seed, trace=list(shapes))
     heap: list[tuple[float, int, int, list[int], int, int, int, str]] = []
     start = horizon / 3.0
     area = 0.0
@@ -129,7 +137,7 @@ def run_openb(traces: Sequence[str], seeds: Sequence[int], policies: Sequence[st
             inflated = inflate(pods, capacity, seed)
             line = []
             for policy in policies:
-                r = simulate(nodes, inflated, policy, seed, EngineOptions(mode="protocol"), trace=pods)
+                r = simulate(nodes, inflated, spec(policy), seed, EngineOptions(mode="protocol"), trace=pods)
                 v = unallocated_at(r.arrived, r.allocated, 100.0)
                 results.setdefault(trace, {}).setdefault(policy, {})[seed] = v
                 line.append(f"{policy} {v:.2f} ({r.seconds:.1f}s)")
@@ -153,7 +161,7 @@ def run_fake(fc_seeds: Sequence[int], seeds: Sequence[int], policies: Sequence[s
                             v, _ = departures_replay(cluster.state(), cluster.requests, policy, seed)
                         else:
                             assert reqs is not None
-                            r = replay(cluster.state(), reqs, cluster.requests, policy, seed,
+                            r = replay(cluster.state(), reqs, cluster.requests, spec(policy), seed,
                                        EngineOptions(mode="protocol", slices=cluster.slices_per_gpu))
                             v = unallocated_at(r.arrived, r.allocated, 100.0)
                         results.setdefault(name, {}).setdefault(policy, {})[seed] = v
@@ -172,7 +180,7 @@ def report(results: dict[str, dict[str, dict[int, float]]], published: dict[str,
     missed: list[str] = []
     short = {"gpuclustering": "gpuclust", "utilization": "util", "gpupacking": "gpupack"}
     head = f"{'workload':<22}" + "".join(f"{short.get(p, p):>9}" for p in policies) + f"{'pub FGD':>9}"
-    print("\nmeans (lower is better); default = " + DEFAULT)
+    print("\nmeans (lower is better); default = " + default_policy_spec())
     print(head)
     for name, res in results.items():
         means = {p: _mean(res[p]) for p in policies if p in res}
