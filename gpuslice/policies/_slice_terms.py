@@ -8,9 +8,10 @@ rest of it. The *stranded-slice* change of a placement on a MIG instance is:
 * on a GPU already in use: -k (the pod fills k idle slices that were paid for, the GPU stays one GPU);
 * on an idle GPU: (GPU's slices - k) (the other instances of that GPU are now idle on a GPU in use).
 
-It is added to FGD's fragment change (both in slices). MPS and whole GPUs are one unit per GPU, so
+``fragmentation`` adds it to FGD's fragment change (both in slices, weighted by ``MIG_WEIGHT``) and
+uses it again to order placements at the best level. MPS and whole GPUs are one unit per GPU, so
 FGD's own terms cover them and the term is 0 there; a cluster without MIG (the openb traces) is
-scored exactly as before.
+scored exactly as plain FGD would score it.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import numpy as np
 from gpuslice.packing.state import KIND_MIG, Candidates, ClusterState, PackRequest
 from gpuslice.policies.base import F64
 
-#: Slices of FGD's fragment one stranded MIG slice counts as. Measured on the built-in LLM day
-#: (seeds 42-51, with ``cost:1``): 1 -> 141 GPUs, 2 -> 140, 3 -> 139 but +9 Pending pods, because
-#: small "any" pods then fill the 1g.20gb instances that MIG-only 18 GiB pods need.
-MIG_WEIGHT = 2.0
+#: Slices of FGD's fragment one stranded MIG slice counts as. Below 1 on purpose: a stranded slice
+#: can still take a later pod, a fragmented one cannot; much higher and small "any" pods fill the
+#: small instances that MIG-only pods need (bench/RESULTS.md section 10 has the measurements).
+MIG_WEIGHT = 0.75
 
 
 def mig_stranded_change(state: ClusterState, req: PackRequest, cands: Candidates) -> F64:
@@ -39,8 +40,3 @@ def mig_stranded_change(state: ClusterState, req: PackRequest, cands: Candidates
     used = state.gpu_used_slices()[g]
     change = np.where(used > 0, -float(req.slices), (state.gpu_cap[g] - req.slices).astype(np.float64))
     return np.asarray(np.where(mig, change, 0.0), dtype=np.float64)
-
-
-def extra_delta(state: ClusterState, req: PackRequest, cands: Candidates) -> F64:
-    """What ``fragmentation`` adds to FGD's fragment change (slices), per candidate."""
-    return MIG_WEIGHT * mig_stranded_change(state, req, cands)

@@ -1,78 +1,81 @@
-"""Rule 4 of ``fragmentation``: coarse slices switch on the wide window and the MIG term in the FGD
-delta only once a departure has been seen; until then window 0 and the MIG term as a tie-break."""
+"""``fragmentation`` decides from the state and the learned pod shapes only: no history switch.
+
+A scheduler in a live cluster restarts and sees pods leave all the time; the policy must score a
+state the same whether capacity was freed before or not, and after a warm-started restart."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from gpuslice.packing.state import KIND_MIG, ClusterState, NodeSpec, PackRequest, UnitSpec, enumerate_candidates
+from gpuslice.packing.state import (
+    KIND_MIG,
+    KIND_MPS,
+    ClusterState,
+    NodeSpec,
+    PackRequest,
+    UnitSpec,
+    enumerate_candidates,
+)
 from gpuslice.policies.base import PolicyContext
-from gpuslice.policies.fragmentation import ChurnMemory, Fragmentation
-
-from .helpers import cluster
+from gpuslice.policies.fragmentation import Fragmentation
 
 GIB = 1024
 
 
-def _memory(pol: Fragmentation, seen: list[PackRequest], *, departed: bool) -> ChurnMemory:
+def _learned(pol: Fragmentation, seen: list[PackRequest]) -> object:
     mem = pol.new_memory(PolicyContext(0))
-    assert isinstance(mem, ChurnMemory)
     for r in seen:
         pol.observe(mem, r)
-    mem.departed = departed
     return mem
 
 
-def test_departure_is_seen_only_when_capacity_frees_up() -> None:
-    state = cluster([[7, 7], [7, 7]], slices=7)
-    mem = _memory(Fragmentation(), [], departed=False)
-    assert not mem.saw_departure(state)
-    state.take(0, [0], 3, 0, 0)
-    assert not mem.saw_departure(state)  # placements only lower free slices
-    state.take(1, [2], 7, 0, 0)
-    assert not mem.saw_departure(state)
-    state.give_back(0, [0], 3, 0, 0)
-    state.take(1, [3], 7, 0, 0)  # net allocation still grew: the freed unit tells
-    assert mem.saw_departure(state)
-    state.take(0, [0], 3, 0, 0)
-    assert mem.saw_departure(state)  # sticky
+def _mixed_state() -> ClusterState:
+    """Two nodes: MIG H100s (3g+2g+1g+1g per GPU) and MPS H100s, some slices in use on each."""
+    nodes = [NodeSpec("mig", 64000, 256000, "H100-80GB"), NodeSpec("mps", 64000, 256000, "H100-80GB")]
+    units: list[UnitSpec] = []
+    for g in range(4):
+        units += [UnitSpec(0, g, KIND_MIG, k, 10 * GIB * k) for k in (3, 2, 1, 1)]
+    units += [UnitSpec(1, g, KIND_MPS, 7, 80 * GIB) for g in range(4)]
+    state = ClusterState(nodes, units, slices_per_gpu=7)
+    state.take(0, [0], 3, 0, 0)      # GPU 0 of the MIG node runs a 3g pod
+    state.take(1, [16], 4, 0, 0)     # MPS GPU 0: 3 of 7 free
+    state.take(1, [17], 6, 0, 0)     # MPS GPU 1: 1 of 7 free
+    return state
 
 
-def _scores(pol: Fragmentation, state: ClusterState, req: PackRequest, seen: list[PackRequest],
-            departed: bool) -> np.ndarray:
-    mem = _memory(pol, seen, departed=departed)
-    return pol.score(state, req, enumerate_candidates(state, req), mem)
-
-
-def test_coarse_mps_scores_window_zero_until_a_departure() -> None:
-    rng = np.random.default_rng(3)
-    free = rng.integers(0, 8, size=(6, 4)).tolist()
-    state = cluster(free, slices=7)
-    seen = [PackRequest(gpus=1, slices=int(k)) for k in rng.integers(1, 8, size=40)]
-    for k in (1, 2, 3, 5):
-        req = PackRequest(gpus=1, slices=k)
-        before = _scores(Fragmentation(), state, req, seen, departed=False)
-        assert np.array_equal(before, _scores(Fragmentation(window=0), state, req, seen, departed=True))
-        after = _scores(Fragmentation(), state, req, seen, departed=True)
-        assert np.array_equal(after, _scores(Fragmentation(window=20), state, req, seen, departed=True))
-
-
-def test_fine_slices_never_watch_for_departures() -> None:
-    state = cluster([[1000, 500], [300, 0]])
+def test_freed_capacity_does_not_change_how_a_state_is_scored() -> None:
     pol = Fragmentation()
-    mem = _memory(pol, [PackRequest(gpus=1, slices=200)], departed=False)
-    req = PackRequest(gpus=1, slices=200)
-    first = pol.score(state, req, enumerate_candidates(state, req), mem)
-    assert mem.last_free is None and not mem.departed
-    assert np.array_equal(first, _scores(pol, state, req, [req], departed=True))
+    rng = np.random.default_rng(3)
+    seen = [PackRequest(gpus=1, slices=int(k)) for k in rng.integers(1, 8, size=40)]
+    state = _mixed_state()
+    mem = _learned(pol, seen)
+    reqs = [PackRequest(gpus=1, slices=k) for k in (1, 2, 3)]
+    before = [pol.score(state, r, enumerate_candidates(state, r), mem) for r in reqs]
+    # a pod arrives on MPS GPU 2 and leaves again: the same state, capacity seen freed
+    state.take(1, [18], 5, 0, 0)
+    for r in reqs:
+        pol.score(state, r, enumerate_candidates(state, r), mem)
+    state.give_back(1, [18], 5, 0, 0)
+    after = [pol.score(state, r, enumerate_candidates(state, r), mem) for r in reqs]
+    restarted = _learned(pol, seen)  # a restart that warm-started the same shapes
+    again = [pol.score(state, r, enumerate_candidates(state, r), restarted) for r in reqs]
+    for b, a, g in zip(before, after, again, strict=True):
+        assert np.array_equal(b, a) and np.array_equal(b, g)
 
 
-def test_mig_pod_still_prefers_a_gpu_in_use_before_any_departure() -> None:
+def test_mig_pod_prefers_an_instance_on_a_gpu_in_use() -> None:
     nodes = [NodeSpec("n0", 64000, 256000, "H100-80GB")]
     units = [UnitSpec(0, g, KIND_MIG, 1, 10 * GIB) for g in range(2) for _ in range(3)]
     state = ClusterState(nodes, units, slices_per_gpu=7)
     state.take(0, [3], 1, 0, 0)  # GPU 1 runs a pod
     req = PackRequest(gpus=1, slices=1, gpu_memory_mib=8 * GIB)
     cands = enumerate_candidates(state, req)
-    score = _scores(Fragmentation(), state, req, [req], departed=False)
+    pol = Fragmentation()
+    score = pol.score(state, req, cands, _learned(pol, [req]))
     assert state.unit_gpu_id[int(cands.units[int(np.argmax(score)), 0])] == 1
+
+
+def test_window_follows_slice_granularity_only() -> None:
+    assert Fragmentation().window_for(1000) == 10
+    assert Fragmentation().window_for(7) == 0
+    assert Fragmentation(window=3).window_for(7) == 3

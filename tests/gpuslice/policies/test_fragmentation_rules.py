@@ -51,9 +51,3 @@ def test_leftover_rule_only_inside_the_window() -> None:
     req = PackRequest(gpus=1, slices=200)
     assert pick(Fragmentation(), state, req, [req]) == 0
     assert pick(Fragmentation(window=0), state, req, [req]) == 0
-
-
-def test_window_follows_slice_granularity_unless_set() -> None:
-    assert Fragmentation().window_for(1000) == 10
-    assert Fragmentation().window_for(7) == 20
-    assert Fragmentation(window=3).window_for(7) == 3
