@@ -202,9 +202,9 @@ class TargetShapes:
     p: F64
     tests: Tests  # distinct unit tests
     kidx: I64  # M -> index into the tests
-    groups: tuple[ShapeGroup, ...] = ()
-    idle_mass: float = 0.0  # the probability of shapes no node can host (CPU-only pods)
-    table: GroupTable | None = None
+    groups: tuple[ShapeGroup, ...]
+    idle_mass: float  # the probability of shapes no node can host (CPU-only pods)
+    table: GroupTable
 
     @property
     def kvals(self) -> I64:
@@ -263,7 +263,7 @@ def frag_from_stats(cnt: I64, sub: I64, total: I64, cpu: I64, prod: I64, t: Targ
     shape all idle slices (``total``); evaluated per :class:`ShapeGroup`, all groups at once."""
     tot = total.astype(np.float64)
     g = t.table
-    if g is None or g.start.shape[0] == 0:
+    if g.start.shape[0] == 0:
         return np.asarray(t.idle_mass * tot, dtype=np.float64)
     n_groups = g.start.shape[0]
     query = np.arange(n_groups, dtype=np.int64)[None, :] * _GROUP_STRIDE + cpu[:, None]
