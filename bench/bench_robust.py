@@ -215,7 +215,7 @@ def report(results: dict[str, dict[str, dict[int, float]]], published: dict[str,
             rivals = {p: res[p][s] for p in ("fgd", best) if p and p in res and s in res[p]}
             if pub is not None:
                 rivals["pub"] = pub
-            tight = {p: v - w for p, w in rivals.items() if v - w > -0.1}
+            tight = {p: v - w for p, w in rivals.items() if abs(v - w) < 0.1}
             if tight:
                 close.append(f"{s}: {v:.2f} (" + ", ".join(f"{p} {d:+.2f}" for p, d in tight.items()) + ")")
         if close:
