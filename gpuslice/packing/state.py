@@ -382,8 +382,7 @@ class ClusterState:
         self.node_cpu_cap[v] = self.node_mem_cap[v] = 0
         self.node_cpu_free[v] = self.node_mem_free[v] = -1
         self.node_classes[v] = 0
-        self.node_version[v] += 1
-        self.changes += 1
+        self._touched(v)
         self.layout_version += 1
         self._refresh_maxima()
 
@@ -409,8 +408,7 @@ class ClusterState:
         self.node_mem_free[v] += memory_mib - int(self.node_mem_cap[v])
         self.node_cpu_cap[v], self.node_mem_cap[v] = cpu_milli, memory_mib
         self._refresh_maxima()
-        self.node_version[v] += 1
-        self.changes += 1
+        self._touched(v)
 
     def set_node_product(self, v: int, product: str) -> None:
         self._check_node(v)
@@ -419,8 +417,7 @@ class ClusterState:
             self.product_index[product] = len(self.products) - 1
         self.node_product[v] = self.product_index[product]
         self._product_masks = {}
-        self.node_version[v] += 1
-        self.changes += 1
+        self._touched(v)
 
     def set_node_cost(self, v: int, cost_per_hour: float) -> None:
         """The node's price now (list price, or the live one from OpenCost)."""
@@ -436,8 +433,7 @@ class ClusterState:
         if np.any((r < 0) | (r >= self.n_units)):
             raise PackingError("unit row out of range")
         self.unit_usable[r] = np.asarray(usable, dtype=bool)
-        self.node_version[np.unique(self.unit_node[r])] += 1
-        self.changes += 1
+        self._touched(np.unique(self.unit_node[r]))
 
     def set_node_usage(self, v: int, rows: Sequence[int], free: Sequence[int], cpu_used: int, memory_used: int,
                        classes: Sequence[int]) -> None:
@@ -457,8 +453,7 @@ class ClusterState:
         self.node_cpu_free[v] = int(self.node_cpu_cap[v]) - cpu_used
         self.node_mem_free[v] = int(self.node_mem_cap[v]) - memory_used
         self.node_classes[v] = np.asarray(classes, dtype=np.int64)
-        self.node_version[v] += 1
-        self.changes += 1
+        self._touched(v)
 
     def adjust_owner(self, owner: str, gpu_id: int, delta: int) -> None:
         """Pods of ``owner`` on GPU ``gpu_id`` changed by ``delta`` (the owner-spread bookkeeping)."""
@@ -495,8 +490,7 @@ class ClusterState:
         self.node_gpus[v] = 0
         self.node_slice_cap[v] = 0
         self._refresh_views(v)
-        self.node_version[v] += 1
-        self.changes += 1
+        self._touched(v)
         self.layout_version += 1
 
     def _append_units(self, v: int, units: Sequence[UnitSpec]) -> None:
@@ -549,9 +543,13 @@ class ClusterState:
         self.max_node_slices = max(self.max_node_slices, int(self.node_slice_cap[v]))
         self.max_node_gpus = max(self.max_node_gpus, k)
         self._refresh_views(v)
-        self.node_version[v] += 1
-        self.changes += 1
+        self._touched(v)
         self.layout_version += 1
+
+    def _touched(self, nodes: int | I64) -> None:
+        """Node(s) ``nodes`` changed: their cached per-node values and any whole-state decision are stale."""
+        self.node_version[nodes] += 1
+        self.changes += 1
 
     def _refresh_views(self, v: int) -> None:
         """Node ``v``'s row of the per-position matrices, after its positions changed."""
@@ -590,8 +588,7 @@ class ClusterState:
             cls = 0 if (len(units) == 1 and slices < int(self.unit_cap[units[0]])) else min(
                 len(units), POD_CLASSES - 1)
             self.node_classes[node, cls] += sign
-        self.node_version[node] += 1
-        self.changes += 1
+        self._touched(node)
 
 
 def enumerate_candidates(state: ClusterState, req: PackRequest, fit: Fit | None = None,
