@@ -30,7 +30,7 @@ every pod asks a different CPU amount costs per group, not per shape.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -139,56 +139,50 @@ def accepts(free: I64, kind: I64, cap: I64, mem: I64, t: Tests) -> B:
     return np.asarray(ok, dtype=bool)
 
 
-@dataclass(frozen=True, slots=True)
-class ShapeGroup:
-    """The GPU shapes that differ only in CPU: one unit test, GPU count and product set.
-
-    Whether a node can host such a shape depends on its CPU only through ``free CPU >= shape CPU``,
-    so the probability of the hostable ones is a cumulative sum over the shapes sorted by CPU, and
-    a node's fragment costs one search per group instead of one column per shape (pods whose CPU
-    requests all differ would otherwise make every decision scan thousands of shapes)."""
-
-    test: int
-    gpus: int
-    prod_ok: B  # products
-    cpu: I64  # ascending
-    cum_p: F64  # cum_p[i] = probability of the group's shapes with CPU <= cpu[i]
-
-    @property
-    def mass(self) -> float:
-        return float(self.cum_p[-1])
-
-
 #: Group i's CPU values are searched as i * _GROUP_STRIDE + CPU, all groups in one sorted array.
 _GROUP_STRIDE = 1 << 40
 
 
 @dataclass(frozen=True, slots=True)
 class GroupTable:
-    """All groups' CPU values and cumulative probabilities in one sorted array, so one
-    ``searchsorted`` answers every (node, group) pair at once."""
+    """The GPU shapes grouped by (unit test, GPU count, product set): within a group they differ
+    only in CPU, and whether a node can host one depends on its CPU only through ``free CPU >=
+    shape CPU``. So a group's hostable probability is a cumulative sum over its shapes sorted by
+    CPU, and a node's fragment costs one search per group instead of one column per shape (pods
+    whose CPU requests all differ would otherwise make every decision scan thousands of shapes).
+    All groups' CPU values lie in one sorted array, so one ``searchsorted`` answers every (node,
+    group) pair at once."""
 
     keys: I64  # group i * _GROUP_STRIDE + CPU, ascending
-    cum_p: F64  # the matching ShapeGroup.cum_p values
+    cum_p: F64  # probability of the group's shapes with CPU <= that key's CPU
     start: I64  # G: where each group begins in ``keys``
     test: I64  # G
     gpus: I64  # G
     prod_ok: B  # products x G
-    mass: F64  # G
+    mass: F64  # G: the group's whole probability
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
 
     @classmethod
-    def of(cls, groups: Sequence[ShapeGroup], n_products: int) -> GroupTable:
-        n = len(groups)
-        sizes = [g.cpu.shape[0] for g in groups]
-        start = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if n else np.zeros(0, dtype=np.int64)
-        keys = (np.concatenate([i * _GROUP_STRIDE + g.cpu for i, g in enumerate(groups)]) if n
-                else np.zeros(0, dtype=np.int64))
-        cum = np.concatenate([g.cum_p for g in groups]) if n else np.zeros(0)
-        prod_ok = (np.stack([g.prod_ok for g in groups], axis=1) if n
-                   else np.zeros((n_products, 0), dtype=bool))
-        return cls(keys.astype(np.int64), cum, start, np.array([g.test for g in groups], dtype=np.int64),
-                   np.array([g.gpus for g in groups], dtype=np.int64), prod_ok,
-                   np.array([g.mass for g in groups], dtype=np.float64))
+    def build(cls, kidx: I64, gpus: I64, prod_ok: B, cpu: I64, p: F64) -> GroupTable:
+        """Group the shapes that ask GPUs (CPU-only ones no node can host, see ``idle_mass``)."""
+        members: dict[tuple[int, int, bytes], list[int]] = {}
+        for j in range(p.shape[0]):
+            if gpus[j] > 0:
+                members.setdefault((int(kidx[j]), int(gpus[j]), prod_ok[:, j].tobytes()), []).append(j)
+        orders = [np.array(sorted(js, key=lambda j: int(cpu[j])), dtype=np.int64) for js in members.values()]
+        sums = [np.cumsum(p[o]) for o in orders]
+        sizes = [o.shape[0] for o in orders]
+        empty_i, empty_f = np.zeros(0, dtype=np.int64), np.zeros(0)
+        return cls(
+            keys=np.concatenate([i * _GROUP_STRIDE + cpu[o] for i, o in enumerate(orders)]) if orders else empty_i,
+            cum_p=np.concatenate(sums) if sums else empty_f,
+            start=np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if orders else empty_i,
+            test=np.array([k for k, _, _ in members], dtype=np.int64),
+            gpus=np.array([g for _, g, _ in members], dtype=np.int64),
+            prod_ok=prod_ok[:, [o[0] for o in orders]] if orders else np.zeros((prod_ok.shape[0], 0), dtype=bool),
+            mass=np.array([c[-1] for c in sums], dtype=np.float64))
 
 
 @dataclass(slots=True)
@@ -202,9 +196,8 @@ class TargetShapes:
     p: F64
     tests: Tests  # distinct unit tests
     kidx: I64  # M -> index into the tests
-    groups: tuple[ShapeGroup, ...]
     idle_mass: float  # the probability of shapes no node can host (CPU-only pods)
-    table: GroupTable
+    groups: GroupTable
 
     @property
     def kvals(self) -> I64:
@@ -234,17 +227,8 @@ class TargetShapes:
                       np.array([d[2] for d in distinct], dtype=np.int64),
                       np.array([d[3] for d in distinct], dtype=bool), workload.aware)
         kidx = np.array([index[tk] for tk in test_keys], dtype=np.int64)
-        members: dict[tuple[int, int, bytes], list[int]] = {}
-        for j in range(m):
-            if gpus[j] > 0:
-                members.setdefault((int(kidx[j]), int(gpus[j]), prod_ok[:, j].tobytes()), []).append(j)
-        groups = []
-        for (test, g, _), js in members.items():
-            order = sorted(js, key=lambda j: int(cpu[j]))
-            groups.append(ShapeGroup(test, g, prod_ok[:, order[0]].copy(), cpu[order].copy(), np.cumsum(p[order])))
         idle_mass = float(p[gpus == 0].sum()) if m else 0.0
-        return cls(cpu, slices, gpus, prod_ok, p, tests, kidx, tuple(groups), idle_mass,
-                   GroupTable.of(groups, len(products)))
+        return cls(cpu, slices, gpus, prod_ok, p, tests, kidx, idle_mass, GroupTable.build(kidx, gpus, prod_ok, cpu, p))
 
 
 def unit_stats(free: I64, kind: I64, cap: I64, mem: I64, tests: Tests) -> tuple[I64, I64, I64]:
@@ -260,13 +244,12 @@ def frag_from_stats(cnt: I64, sub: I64, total: I64, cpu: I64, prod: I64, t: Targ
     """Expected fragment per row (B) from per-k stats; see the module docstring for the rule.
 
     A shape a node can host contributes its idle slices on non-accepting units (``sub``), any other
-    shape all idle slices (``total``); evaluated per :class:`ShapeGroup`, all groups at once."""
+    shape all idle slices (``total``); evaluated per :class:`GroupTable` group, all groups at once."""
     tot = total.astype(np.float64)
-    g = t.table
-    if g.start.shape[0] == 0:
+    g = t.groups
+    if len(g) == 0:
         return np.asarray(t.idle_mass * tot, dtype=np.float64)
-    n_groups = g.start.shape[0]
-    query = np.arange(n_groups, dtype=np.int64)[None, :] * _GROUP_STRIDE + cpu[:, None]
+    query = np.arange(len(g), dtype=np.int64)[None, :] * _GROUP_STRIDE + cpu[:, None]
     at = np.searchsorted(g.keys, query, side="right") - 1  # B x G: last shape with CPU <= free CPU
     inside = at >= g.start[None, :]
     hosted = np.where(inside, g.cum_p[np.maximum(at, 0)], 0.0)
