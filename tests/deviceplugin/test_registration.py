@@ -15,6 +15,8 @@ from deviceplugin.server import DevicePluginServicer, PluginState
 from deviceplugin.simulated import builtin_topology
 from tests.kubelet.standin import KubeletStandin
 
+from .test_app import until
+
 RESOURCE = "example.com/gpu-slice"
 
 
@@ -26,16 +28,6 @@ def make_registrar(plugin_dir: Path, resource: str = RESOURCE,
     return Registrar(plugin_dir, "gpu-slice.sock", resource,
                      lambda server: pb_grpc.add_DevicePluginServicer_to_server(servicer, server), poll_s=0.05,
                      on_registered=on_registered, streams=servicer.streams, stream_wait_s=0.5)
-
-
-async def settled(cond: Callable[[], bool], timeout_s: float = 5.0) -> bool:
-    """``cond`` once it holds, polled for at most ``timeout_s``: the stand-in records a Register as
-    it arrives, the registrar counts it only when the reply is back, so the two can be a moment apart."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while not cond() and loop.time() < end:
-        await asyncio.sleep(0.01)
-    return cond()
 
 
 @pytest.fixture
@@ -59,7 +51,9 @@ async def test_serves_then_registers_and_removes_its_socket_on_stop(kubelet: Kub
     task = asyncio.create_task(registrar.run(stop))
     reg = await kubelet.wait_for_registration_async(RESOURCE)
     assert reg.endpoint == "gpu-slice.sock" and reg.version == "v1beta1"
-    assert await settled(lambda: registrar.registrations == 1) and stale.is_socket()
+    # the stand-in records a Register as it arrives; the registrar counts it when the reply is back
+    await until(lambda: registrar.registrations == 1, 5.0, "the registration counted")
+    assert registrar.registrations == 1 and stale.is_socket()
     stop.set()
     await asyncio.wait_for(task, 10)
     assert not stale.exists()
@@ -69,7 +63,8 @@ async def test_kubelet_restart_re_registers_on_a_new_socket(kubelet: KubeletStan
     gen = kubelet.generation
     await asyncio.to_thread(kubelet.restart)
     await kubelet.wait_for_registration_async(RESOURCE, after=gen)
-    assert await settled(lambda: running.registrations == 2) and running.serves == 2
+    await until(lambda: running.registrations == 2, 5.0, "the second registration counted")
+    assert running.serves == 2 and running.registrations == 2
 
 
 async def test_our_socket_deleted_alone_is_served_and_registered_again(
