@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from gpuslice.packing.frag import FragCache, TargetShapes, TargetWorkload
+from gpuslice.packing.scarcity import ProductLoads
 from gpuslice.packing.state import Candidates, ClusterState, PackRequest
 from gpuslice.policies.base import F64, BasePolicy, PolicyContext
 
@@ -40,6 +41,7 @@ class FragMemory:
     products: tuple[str, ...] = ()
     next_refresh: int = 1
     growth: float = 2.0
+    loads: ProductLoads = field(default_factory=ProductLoads)
 
     def current(self, state: ClusterState) -> TargetShapes:
         due = self.online and self.target.seen >= self.next_refresh
@@ -52,6 +54,12 @@ class FragMemory:
             self.version += 1
         self.cache.sync(state, self.shapes, self.version)
         return self.shapes
+
+
+    def load_ratios(self, state: ClusterState) -> F64:
+        """Per-product load ratios of the current target over the free capacity (``scarcity``)."""
+        shapes = self.current(state)
+        return self.loads.get(shapes, self.version, state)
 
 
 def new_frag_memory(ctx: PolicyContext, *, offline: bool) -> FragMemory:

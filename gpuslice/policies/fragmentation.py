@@ -13,11 +13,19 @@
 4. Single-GPU pods: among the candidates within ``window`` levels of the best, the placement that
    most lowers sum_g N(g)^2 over MPS units with g free slices (leftovers spread over many sizes,
    so a later pod of any size finds a close fit), plus the stranded-slice change (point 2).
+5. GPU products are worth what the workload needs of them. Pods pinned to some products can use
+   only those, and FGD's per-node fragment cannot see a product running short. The learned demand
+   is spread over the free capacity of the products each shape may use, as evenly as possible
+   (:mod:`gpuslice.packing.scarcity`); a pod that takes a product loaded above the least loaded
+   one it may use adds its slices x ``SCARCITY_GAIN`` x the difference (at most ``SCARCITY_CAP``
+   x its slices) to the delta. Without pinned shapes every product is loaded alike and the term is 0.
 
 The window depends only on the slice granularity: a few levels for fine slices (the milli-GPU
 simulation), none for the coarse slices of real MPS/MIG nodes, where one slice already moves the
 level by several steps. The rules read the state and the learned shapes only, never a history of
-events, so a restarted scheduler that has warm-started its shapes decides as one that never stopped.
+events, so a restarted scheduler that has warm-started its shapes decides as one that never stopped
+(point 5's loads are refreshed when a product's free capacity has moved by 0.2 % of the cluster's,
+so within that margin they reflect the last refresh, not the current state).
 
 Scores: the candidates a rule ranks map to [0.5, 1) by that rule's rank (then FGD level); all
 other candidates to 0.49 * level / 100, below them. Equal scores fall to the caller's node order.
@@ -56,6 +64,20 @@ def leftover_sumsq_change(state: ClusterState, req: PackRequest, cands: Candidat
     return np.asarray(d, dtype=np.float64)
 
 
+def product_scarcity(state: ClusterState, req: PackRequest, cands: Candidates, ratios: F64, gain: float) -> F64:
+    """Slices the pod takes x min(``SCARCITY_CAP``, ``gain`` x how far its candidate's product is
+    loaded above the least loaded product the pod may use); see :mod:`gpuslice.packing.scarcity`."""
+    n = len(cands)
+    if n == 0 or req.gpus == 0 or gain <= 0 or ratios.shape[0] < 2 or np.ptp(ratios) <= 1e-9:
+        return np.zeros(n)
+    allowed = state.product_mask(req.products)[: ratios.shape[0]] & (ratios > 0)
+    if not allowed.any():
+        return np.zeros(n)
+    above = ratios[state.node_product[cands.node]] - float(ratios[allowed].min())
+    excess = np.clip(gain * np.where(above > 1e-9, above, 0.0), 0.0, SCARCITY_CAP)
+    return np.asarray(excess * float(req.gpus * req.slices), dtype=np.float64)
+
+
 def cpu_per_free_gpu(state: ClusterState, req: PackRequest, cands: Candidates) -> F64:
     """CPU (millicores) left on the candidate's node after placing, per free GPU (+0.01) there."""
     free_gpus = np.maximum(state.free_matrix(), 0).sum(axis=1)[cands.node] / state.slices_per_gpu
@@ -74,15 +96,21 @@ def _rank_scores(key: F64, level: F64) -> F64:
 FINE_SLICES = 100  # S at or above this is the simulator's milli-GPU granularity
 FINE_WINDOW = 10
 COARSE_WINDOW = 0
+#: Product scarcity (point 5): a product 5 % more loaded than the pod's least loaded one costs as
+#: much as the slices the pod takes; at most ``SCARCITY_CAP`` times them.
+SCARCITY_GAIN = 20.0
+SCARCITY_CAP = 5.0
 
 
 class Fragmentation(BasePolicy):
     name = "fragmentation"
 
-    def __init__(self, window: int | None = None, quantile: float = 0.005, cpu_rule: bool = True) -> None:
+    def __init__(self, window: int | None = None, quantile: float = 0.005, cpu_rule: bool = True,
+                 scarcity_gain: float = SCARCITY_GAIN) -> None:
         self.window = window
         self.quantile = quantile
         self.cpu_rule = cpu_rule
+        self.scarcity_gain = scarcity_gain
 
     def window_for(self, slices_per_gpu: int) -> int:
         """The leftover rule's window in FGD levels: as set, else by slice granularity."""
@@ -105,6 +133,7 @@ class Fragmentation(BasePolicy):
             return np.zeros(0)
         stranded = slice_terms.mig_stranded_change(state, req, cands)  # 0 off MIG (openb: always)
         delta = frag_delta(state, req, cands, mem) + slice_terms.MIG_WEIGHT * stranded
+        delta += product_scarcity(state, req, cands, mem.load_ratios(state), self.scarcity_gain)
         level = levels(sigmoid_score(delta, state.slices_per_gpu))
         out = 0.49 * level / 100.0
         if req.gpus == 0:
