@@ -8,8 +8,12 @@
    already runs pods from one on an idle GPU, though only the latter puts one more GPU in use and
    strands the rest of it; the stranded-slice change (:mod:`_slice_terms`) is added to the FGD
    delta, and which instance sizes count as usable comes from the learned shapes (point 1).
-3. CPU-only pods: among the candidates at the best level, the node with the most CPU left per free
-   GPU, so the CPU that idle GPUs need to host GPU pods later is spent last.
+3. CPU runs out too. FGD counts a node's idle GPUs as fragment for a shape whose CPU the node
+   lacks; the same holds in expectation for what the node can still host: at the learned GPU
+   pods' CPU per slice, free CPU C feeds C / per-slice slices, and free slices beyond that are
+   stranded. The change of max(0, free slices - C / per-slice) is added to the delta (slices of
+   stranded capacity count as slices of fragment). So a CPU-only pod spends CPU that no idle GPU
+   needs, and a GPU pod goes where its CPU per slice matches what the node has left.
 4. Single-GPU pods: among the candidates within ``window`` levels of the best, the placement that
    most lowers sum_g N(g)^2 over MPS units with g free slices (leftovers spread over many sizes,
    so a later pod of any size finds a close fit), plus the stranded-slice change (point 2).
@@ -37,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuslice.packing.frag import TargetWorkload
+from gpuslice.packing.frag import TargetShapes, TargetWorkload
 from gpuslice.packing.state import KIND_MPS, Candidates, ClusterState, PackRequest
 from gpuslice.policies import _slice_terms as slice_terms
 from gpuslice.policies.base import F64, BasePolicy, PolicyContext
@@ -78,11 +82,21 @@ def product_scarcity(state: ClusterState, req: PackRequest, cands: Candidates, r
     return np.asarray(excess * float(req.gpus * req.slices), dtype=np.float64)
 
 
-def cpu_per_free_gpu(state: ClusterState, req: PackRequest, cands: Candidates) -> F64:
-    """CPU (millicores) left on the candidate's node after placing, per free GPU (+0.01) there."""
-    free_gpus = np.maximum(state.free_matrix(), 0).sum(axis=1)[cands.node] / state.slices_per_gpu
-    cpu_after = state.node_cpu_free[cands.node] - req.cpu_milli
-    return np.asarray(cpu_after / (free_gpus + 0.01), dtype=np.float64)
+def cpu_stranding_change(state: ClusterState, req: PackRequest, cands: Candidates, shapes: TargetShapes) -> F64:
+    """Change of the node's free slices that its free CPU cannot feed at the learned GPU pods' CPU
+    per slice (total CPU over total slices asked), per candidate: max(0, free - CPU / per-slice)."""
+    n = len(cands)
+    gpu = shapes.gpus > 0
+    per_slice = float((shapes.p[gpu] * shapes.cpu[gpu]).sum()) / max(
+        float((shapes.p[gpu] * shapes.gpus[gpu] * shapes.slices[gpu]).sum()), 1e-9)
+    if n == 0 or per_slice <= 0:
+        return np.zeros(n)
+    node = cands.node
+    free = np.maximum(state.free_matrix()[node], 0).sum(axis=1).astype(np.float64)
+    cpu = state.node_cpu_free[node].astype(np.float64)
+    before = np.maximum(free - cpu / per_slice, 0.0)
+    after = np.maximum(free - req.gpus * req.slices - (cpu - req.cpu_milli) / per_slice, 0.0)
+    return np.asarray(after - before, dtype=np.float64)
 
 
 def _rank_scores(key: F64, level: F64) -> F64:
@@ -105,11 +119,11 @@ SCARCITY_CAP = 5.0
 class Fragmentation(BasePolicy):
     name = "fragmentation"
 
-    def __init__(self, window: int | None = None, quantile: float = 0.005, cpu_rule: bool = True,
+    def __init__(self, window: int | None = None, quantile: float = 0.005, cpu_weight: float = 1.0,
                  scarcity_gain: float = SCARCITY_GAIN) -> None:
         self.window = window
         self.quantile = quantile
-        self.cpu_rule = cpu_rule
+        self.cpu_weight = cpu_weight
         self.scarcity_gain = scarcity_gain
 
     def window_for(self, slices_per_gpu: int) -> int:
@@ -134,12 +148,11 @@ class Fragmentation(BasePolicy):
         stranded = slice_terms.mig_stranded_change(state, req, cands)  # 0 off MIG (openb: always)
         delta = frag_delta(state, req, cands, mem) + slice_terms.MIG_WEIGHT * stranded
         delta += product_scarcity(state, req, cands, mem.load_ratios(state), self.scarcity_gain)
+        if self.cpu_weight:
+            delta += self.cpu_weight * cpu_stranding_change(state, req, cands, mem.current(state))
         level = levels(sigmoid_score(delta, state.slices_per_gpu))
         out = 0.49 * level / 100.0
         if req.gpus == 0:
-            if self.cpu_rule:
-                top = level >= level.max()
-                out[top] = _rank_scores(cpu_per_free_gpu(state, req, cands)[top], level[top])
             return np.asarray(out, dtype=np.float64)
         inside = level >= level.max() - self.window_for(state.slices_per_gpu)
         low = mem.target.fractional_threshold(self.quantile, state.slices_per_gpu)

@@ -1,4 +1,4 @@
-"""The two tie rules of ``fragmentation``: CPU-only pods by CPU per free GPU, leftover window."""
+"""Rules of ``fragmentation`` beside FGD's level: CPU stranding, the leftover window."""
 
 from __future__ import annotations
 
@@ -6,42 +6,58 @@ import numpy as np
 
 from gpuslice.packing.state import ClusterState, PackRequest, enumerate_candidates
 from gpuslice.policies.base import PolicyContext
-from gpuslice.policies.fragmentation import Fragmentation, cpu_per_free_gpu
+from gpuslice.policies.fragmentation import Fragmentation, cpu_stranding_change
 
 from .helpers import cluster
 
 CPU_POD = PackRequest(cpu_milli=4000)
+#: A GPU pod asking 16 cores per GPU: the learned CPU per slice is 16 cores / 1000 slices.
+GPU_POD = PackRequest(cpu_milli=16000, gpus=1, slices=1000)
+
+
+def _memory(pol: Fragmentation, seen: list[PackRequest]) -> object:
+    mem = pol.new_memory(PolicyContext(0))
+    for r in seen:
+        pol.observe(mem, r)
+    return mem
 
 
 def pick(pol: Fragmentation, state: ClusterState, req: PackRequest, seen: list[PackRequest]) -> int:
     """Node of the highest score, ties to the lowest node index (the caller's node order)."""
-    mem = pol.new_memory(PolicyContext(0))
-    for r in seen:
-        pol.observe(mem, r)
+    mem = _memory(pol, seen)
     cands = enumerate_candidates(state, req)
     score = pol.score(state, req, cands, mem)
     assert np.all((score >= 0) & (score < 1))
     return int(cands.node[int(np.argmax(score))])
 
 
-def test_cpu_only_pod_goes_where_cpu_per_free_gpu_is_highest() -> None:
-    # Only CPU-only pods seen: every node's FGD level is the same neutral one for this pod.
-    state = cluster([[1000, 1000], [0, 0], [1000, 0]], cpus=[64000, 16000, 64000])
-    seen = [CPU_POD, CPU_POD]
-    assert pick(Fragmentation(cpu_rule=False), state, CPU_POD, seen) == 0  # node order alone
-    assert pick(Fragmentation(), state, CPU_POD, seen) == 1  # no free GPU: its CPU has no other use
-    state2 = cluster([[1000, 1000], [1000, 0]], cpus=[64000, 16000])
-    ratio = cpu_per_free_gpu(state2, CPU_POD, enumerate_candidates(state2, CPU_POD))
-    assert ratio[0] > ratio[1]
-    assert pick(Fragmentation(), state2, CPU_POD, seen) == 0  # 60 cores / 2 GPUs beats 12 cores / 1 GPU
+def test_cpu_only_pod_spends_cpu_that_no_idle_gpu_needs() -> None:
+    # Node 0: 2 idle GPUs and exactly the 32 cores they need; node 1: no idle GPU; node 2: one idle
+    # GPU and 64 cores. The 16-core shape still fits on node 0 after 4 cores go, so FGD's level is
+    # the same everywhere; only node 0 would strand a quarter of a GPU.
+    state = cluster([[1000, 1000], [0, 0], [1000, 0]], cpus=[32000, 16000, 64000])
+    seen = [GPU_POD, GPU_POD, CPU_POD]
+    assert pick(Fragmentation(cpu_weight=0.0), state, CPU_POD, seen) == 0  # node order alone
+    assert pick(Fragmentation(), state, CPU_POD, seen) == 1
+    shapes = _memory(Fragmentation(), seen).current(state)  # type: ignore[attr-defined]
+    change = cpu_stranding_change(state, CPU_POD, enumerate_candidates(state, CPU_POD), shapes)
+    np.testing.assert_allclose(change, [250.0, 0.0, 0.0])
 
 
-def test_cpu_rule_never_overrides_a_better_fgd_level() -> None:
-    # A 1-GPU pod with 60 cores was seen: taking CPU on node 0 (2 free GPUs, 64 cores) makes that
-    # shape unplaceable there, so FGD's level is worse on node 0 whatever the CPU ratio says.
-    state = cluster([[1000, 1000], [1000, 1000]], cpus=[64000, 128000])
-    big = PackRequest(cpu_milli=60000, gpus=1, slices=1000)
-    assert pick(Fragmentation(), state, CPU_POD, [big] * 9 + [CPU_POD]) == 1
+def test_a_light_gpu_pod_takes_the_gpu_that_a_cpu_poor_node_would_strand() -> None:
+    # Learned: 16 cores per GPU. Node 0 has 2 idle GPUs and 64 cores, node 1 2 idle GPUs and 20
+    # cores (feeds 1.25 GPUs: 750 slices stranded). A 4-core GPU pod on node 1 leaves 16 cores for
+    # its last GPU, nothing stranded; the 16-core shape fits either node before and after, so FGD's
+    # level is the same on both.
+    state = cluster([[1000, 1000], [1000, 1000]], cpus=[64000, 20000])
+    light = PackRequest(cpu_milli=4000, gpus=1, slices=1000)
+    seen = [GPU_POD] * 3 + [light]
+    cands = enumerate_candidates(state, light)
+    shapes = _memory(Fragmentation(), [GPU_POD]).current(state)  # type: ignore[attr-defined]
+    np.testing.assert_allclose(cpu_stranding_change(state, light, cands, shapes),
+                               np.where(cands.node == 1, -750.0, 0.0))
+    assert pick(Fragmentation(), state, light, seen) == 1
+    assert pick(Fragmentation(cpu_weight=0.0), state, light, seen) == 0  # node order alone
 
 
 def test_leftover_rule_only_inside_the_window() -> None:
