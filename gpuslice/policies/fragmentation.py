@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuslice.packing.frag import TargetShapes, TargetWorkload
+from gpuslice.packing.frag import I64, TargetShapes, TargetWorkload
 from gpuslice.packing.state import KIND_MPS, Candidates, ClusterState, PackRequest
 from gpuslice.policies import _slice_terms as slice_terms
 from gpuslice.policies.base import F64, BasePolicy, PolicyContext
@@ -82,9 +82,11 @@ def product_scarcity(state: ClusterState, req: PackRequest, cands: Candidates, r
     return np.asarray(excess * float(req.gpus * req.slices), dtype=np.float64)
 
 
-def cpu_stranding_change(state: ClusterState, req: PackRequest, cands: Candidates, shapes: TargetShapes) -> F64:
+def cpu_stranding_change(state: ClusterState, req: PackRequest, cands: Candidates, shapes: TargetShapes,
+                         node_free: I64 | None = None) -> F64:
     """Change of the node's free slices that its free CPU cannot feed at the learned GPU pods' CPU
-    per slice (total CPU over total slices asked), per candidate: max(0, free - CPU / per-slice)."""
+    per slice (total CPU over total slices asked), per candidate: max(0, free - CPU / per-slice).
+    ``node_free``: free slices per node if the caller has them (the FGD cache does)."""
     n = len(cands)
     gpu = shapes.gpus > 0
     per_slice = float((shapes.p[gpu] * shapes.cpu[gpu]).sum()) / max(
@@ -92,7 +94,9 @@ def cpu_stranding_change(state: ClusterState, req: PackRequest, cands: Candidate
     if n == 0 or per_slice <= 0:
         return np.zeros(n)
     node = cands.node
-    free = np.maximum(state.free_matrix()[node], 0).sum(axis=1).astype(np.float64)
+    if node_free is None:
+        node_free = np.maximum(state.free_matrix(), 0).sum(axis=1)
+    free = node_free[node].astype(np.float64)
     cpu = state.node_cpu_free[node].astype(np.float64)
     before = np.maximum(free - cpu / per_slice, 0.0)
     after = np.maximum(free - req.gpus * req.slices - (cpu - req.cpu_milli) / per_slice, 0.0)
@@ -149,7 +153,8 @@ class Fragmentation(BasePolicy):
         delta = frag_delta(state, req, cands, mem) + slice_terms.MIG_WEIGHT * stranded
         delta += product_scarcity(state, req, cands, mem.load_ratios(state), self.scarcity_gain)
         if self.cpu_weight:
-            delta += self.cpu_weight * cpu_stranding_change(state, req, cands, mem.current(state))
+            # frag_delta above refreshed the cache's per-node idle totals (free slices, usable units)
+            delta += self.cpu_weight * cpu_stranding_change(state, req, cands, mem.current(state), mem.cache.total)
         level = levels(sigmoid_score(delta, state.slices_per_gpu))
         out = 0.49 * level / 100.0
         if req.gpus == 0:
