@@ -114,7 +114,9 @@ class ProductLoads:
     Free, not total, capacity: a product that placements have filled faster than the workload's
     balance allows becomes scarcer for what is left, so pods that may go elsewhere turn away from it
     before the pinned pods that need it arrive. Recomputed (warm-started) when the target changed or
-    some product's free capacity moved by more than ``tolerance`` of the cluster's free capacity."""
+    some product's free capacity moved by more than ``tolerance`` of the cluster's free capacity.
+    ``pinned``: per product, the share of its free capacity that the spread gives to pinned demand
+    (shapes that may not use every product): what a slice taken there by another pod displaces."""
 
     def __init__(self, tolerance: float = 0.002) -> None:
         self.tolerance = tolerance
@@ -124,6 +126,7 @@ class ProductLoads:
         self.demand = np.zeros(0)
         self.eligible = np.zeros((0, 0), dtype=bool)
         self.assign: F64 | None = None
+        self.pinned = np.zeros(0)
 
     def get(self, shapes: TargetShapes, version: int, state: ClusterState) -> F64:
         k = len(state.products)
@@ -134,11 +137,14 @@ class ProductLoads:
         if self.eligible.all():  # nothing pinned: every product is worth the same
             if self.ratios.shape != (k,) or not (self.ratios == 1.0).all():
                 self.ratios = np.ones(k)
+                self.pinned = np.zeros(k)
             return self.ratios
         free = product_free(state)
         moved = np.abs(free - self.basis).max() if self.basis.shape == free.shape else np.inf
         if not fresh and moved <= self.tolerance * max(free.sum(), 1.0):
             return self.ratios
         self.ratios, self.assign = load_ratios(self.demand, self.eligible, free, self.assign)
+        pinned = ~self.eligible.all(axis=1)
+        self.pinned = np.where(free > 0, self.assign[pinned].sum(axis=0) / np.maximum(free, 1e-300), 0.0)
         self.basis = free
         return self.ratios

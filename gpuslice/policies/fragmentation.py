@@ -20,9 +20,11 @@
 5. GPU products are worth what the workload needs of them. Pods pinned to some products can use
    only those, and FGD's per-node fragment cannot see a product running short. The learned demand
    is spread over the free capacity of the products each shape may use, as evenly as possible
-   (:mod:`gpuslice.packing.scarcity`); a pod that takes a product loaded above the least loaded
+   (:mod:`gpuslice.packing.scarcity`). A pod that takes a product loaded above the least loaded
    one it may use adds its slices x ``SCARCITY_GAIN`` x the difference (at most ``SCARCITY_CAP``
-   x its slices) to the delta. Without pinned shapes every product is loaded alike and the term is 0.
+   x its slices) to the delta, plus its slices x the share of that product's
+   capacity the spread gives to pinned demand beyond its least pinned choice (a slice taken there
+   displaces that share of a pinned pod's slice). Without pinned shapes both terms are 0.
 
 The window depends only on the slice granularity: a few levels for fine slices (the milli-GPU
 simulation), none for the coarse slices of real MPS/MIG nodes, where one slice already moves the
@@ -68,18 +70,25 @@ def leftover_sumsq_change(state: ClusterState, req: PackRequest, cands: Candidat
     return np.asarray(d, dtype=np.float64)
 
 
-def product_scarcity(state: ClusterState, req: PackRequest, cands: Candidates, ratios: F64, gain: float) -> F64:
-    """Slices the pod takes x min(``SCARCITY_CAP``, ``gain`` x how far its candidate's product is
-    loaded above the least loaded product the pod may use); see :mod:`gpuslice.packing.scarcity`."""
+def product_scarcity(state: ClusterState, req: PackRequest, cands: Candidates, ratios: F64, gain: float,
+                     pinned: F64 | None = None, pinned_weight: float = 0.0) -> F64:
+    """Slices the pod takes x (min(``SCARCITY_CAP``, ``gain`` x how far its candidate's product is
+    loaded above the least loaded product the pod may use) + ``pinned_weight`` x how much more of
+    the candidate's product the balanced spread gives to pinned demand than of the pod's least
+    pinned choice); see :mod:`gpuslice.packing.scarcity`."""
     n = len(cands)
-    if n == 0 or req.gpus == 0 or gain <= 0 or ratios.shape[0] < 2 or np.ptp(ratios) <= 1e-9:
+    flat = np.ptp(ratios) <= 1e-9 and (pinned is None or pinned.shape != ratios.shape or np.ptp(pinned) <= 1e-9)
+    if n == 0 or req.gpus == 0 or ratios.shape[0] < 2 or flat:
         return np.zeros(n)
     allowed = state.product_mask(req.products)[: ratios.shape[0]] & (ratios > 0)
     if not allowed.any():
         return np.zeros(n)
-    above = ratios[state.node_product[cands.node]] - float(ratios[allowed].min())
-    excess = np.clip(gain * np.where(above > 1e-9, above, 0.0), 0.0, SCARCITY_CAP)
-    return np.asarray(excess * float(req.gpus * req.slices), dtype=np.float64)
+    prod = state.node_product[cands.node]
+    above = ratios[prod] - float(ratios[allowed].min())
+    cost = np.clip(gain * np.where(above > 1e-9, above, 0.0), 0.0, SCARCITY_CAP)
+    if pinned_weight and pinned is not None and pinned.shape == ratios.shape:
+        cost = cost + pinned_weight * np.maximum(pinned[prod] - float(pinned[allowed].min()), 0.0)
+    return np.asarray(cost * float(req.gpus * req.slices), dtype=np.float64)
 
 
 def cpu_stranding_change(state: ClusterState, req: PackRequest, cands: Candidates, shapes: TargetShapes,
@@ -124,11 +133,12 @@ class Fragmentation(BasePolicy):
     name = "fragmentation"
 
     def __init__(self, window: int | None = None, quantile: float = 0.005, cpu_weight: float = 1.0,
-                 scarcity_gain: float = SCARCITY_GAIN) -> None:
+                 scarcity_gain: float = SCARCITY_GAIN, pinned_weight: float = 1.0) -> None:
         self.window = window
         self.quantile = quantile
         self.cpu_weight = cpu_weight
         self.scarcity_gain = scarcity_gain
+        self.pinned_weight = pinned_weight
 
     def window_for(self, slices_per_gpu: int) -> int:
         """The leftover rule's window in FGD levels: as set, else by slice granularity."""
@@ -151,7 +161,8 @@ class Fragmentation(BasePolicy):
             return np.zeros(0)
         stranded = slice_terms.mig_stranded_change(state, req, cands)  # 0 off MIG (openb: always)
         delta = frag_delta(state, req, cands, mem) + slice_terms.MIG_WEIGHT * stranded
-        delta += product_scarcity(state, req, cands, mem.load_ratios(state), self.scarcity_gain)
+        delta += product_scarcity(state, req, cands, mem.load_ratios(state), self.scarcity_gain,
+                                  mem.loads.pinned, self.pinned_weight)
         if self.cpu_weight:
             # frag_delta above refreshed the cache's per-node idle totals (free slices, usable units)
             delta += self.cpu_weight * cpu_stranding_change(state, req, cands, mem.current(state), mem.cache.total)

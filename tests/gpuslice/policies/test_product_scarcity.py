@@ -79,7 +79,7 @@ def test_an_unpinned_pod_leaves_the_product_that_pinned_pods_need() -> None:
     on = Fragmentation()
     score = on.score(state, ANY, cands, _learned(on, SEEN))
     assert score[~t4].min() > score[t4].max()
-    off = Fragmentation(scarcity_gain=0.0)  # without the term every node scores alike
+    off = Fragmentation(scarcity_gain=0.0, pinned_weight=0.0)  # without the terms every node scores alike
     plain = off.score(state, ANY, cands, _learned(off, SEEN))
     assert plain.min() == plain.max()
 
@@ -88,7 +88,25 @@ def test_pinned_pods_and_unpinned_workloads_are_scored_as_without_the_term() -> 
     state = _two_products()
     for req, learned in ((T4_ONLY, SEEN), (ANY, [ANY] * 10)):
         cands = enumerate_candidates(state, req)
-        on, off = Fragmentation(), Fragmentation(scarcity_gain=0.0)
+        on, off = Fragmentation(), Fragmentation(scarcity_gain=0.0, pinned_weight=0.0)
         a = on.score(state, req, cands, _learned(on, learned))
         b = off.score(state, req, cands, _learned(off, learned))
         assert np.array_equal(a, b)
+
+
+def test_at_equal_loads_an_unpinned_pod_leaves_the_product_whose_capacity_pinned_pods_hold() -> None:
+    # One pod in ten pinned to each product: FGD sees every node alike. Unpinned demand levels
+    # both products, but pinned demand holds 0.8 of T4's 2 GPUs' worth against 0.8 of G2's 6.
+    state = cluster([[1000, 1000]] * 4, products=["G2", "G2", "G2", "T4"])
+    seen = [T4_ONLY, G2_ONLY] + [ANY] * 8
+    cands = enumerate_candidates(state, ANY)
+    t4 = np.asarray(cands.node) == 3
+    pol = Fragmentation()
+    mem = _learned(pol, seen)
+    score = pol.score(state, ANY, cands, mem)
+    np.testing.assert_allclose(mem.loads.ratios, 1.0)  # type: ignore[attr-defined]
+    np.testing.assert_allclose(mem.loads.pinned, [0.8 / 6, 0.8 / 2])  # type: ignore[attr-defined]
+    assert score[~t4].min() > score[t4].max()
+    off = Fragmentation(pinned_weight=0.0)
+    plain = off.score(state, ANY, cands, _learned(off, seen))
+    assert plain.min() == plain.max()
