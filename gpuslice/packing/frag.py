@@ -62,6 +62,10 @@ class TargetWorkload:
     counts: dict[ShapeKey, int] = field(default_factory=dict)
     seen: int = 0
     aware: bool = False
+    #: Host memory (MiB) and slices asked by the GPU pods seen: host memory is not in FGD's shape
+    #: key, so its rate per slice is kept beside the counts.
+    gpu_memory: int = 0
+    gpu_slices: int = 0
 
     def key(self, req: PackRequest) -> ShapeKey:
         c, k, g, prods = req.shape
@@ -73,6 +77,9 @@ class TargetWorkload:
         key = self.key(req)
         self.counts[key] = self.counts.get(key, 0) + 1
         self.seen += 1
+        if req.gpus:
+            self.gpu_memory += req.memory_mib
+            self.gpu_slices += req.gpus * req.slices
 
     @classmethod
     def offline(cls, reqs: Iterable[PackRequest], coverage: float = 0.95) -> TargetWorkload:
@@ -87,7 +94,7 @@ class TargetWorkload:
                 break
             kept[key] = n
             covered += n
-        return cls(kept, covered)
+        return cls(kept, covered, gpu_memory=full.gpu_memory, gpu_slices=full.gpu_slices)
 
     def fractional_threshold(self, quantile: float, slices_per_gpu: int) -> int:
         """Slices k such that ``quantile`` of the fractional pods seen ask k or fewer (0 if none)."""
@@ -198,6 +205,7 @@ class TargetShapes:
     kidx: I64  # M -> index into the tests
     idle_mass: float  # the probability of shapes no node can host (CPU-only pods)
     groups: GroupTable
+    memory_per_slice: float = 0.0  # host memory (MiB) the GPU pods seen ask per slice
 
     @property
     def kvals(self) -> I64:
@@ -228,7 +236,8 @@ class TargetShapes:
                       np.array([d[3] for d in distinct], dtype=bool), workload.aware)
         kidx = np.array([index[tk] for tk in test_keys], dtype=np.int64)
         idle_mass = float(p[gpus == 0].sum()) if m else 0.0
-        return cls(cpu, slices, gpus, prod_ok, p, tests, kidx, idle_mass, GroupTable.build(kidx, gpus, prod_ok, cpu, p))
+        return cls(cpu, slices, gpus, prod_ok, p, tests, kidx, idle_mass, GroupTable.build(kidx, gpus, prod_ok, cpu, p),
+                   workload.gpu_memory / workload.gpu_slices if workload.gpu_slices else 0.0)
 
 
 def unit_stats(free: I64, kind: I64, cap: I64, mem: I64, tests: Tests) -> tuple[I64, I64, I64]:

@@ -8,11 +8,12 @@
    already runs pods from one on an idle GPU, though only the latter puts one more GPU in use and
    strands the rest of it; the stranded-slice change (:mod:`_slice_terms`) is added to the FGD
    delta, and which instance sizes count as usable comes from the learned shapes (point 1).
-3. CPU runs out too. FGD counts a node's idle GPUs as fragment for a shape whose CPU the node
-   lacks; the same holds in expectation for what the node can still host: at the learned GPU
-   pods' CPU per slice, free CPU C feeds C / per-slice slices, and free slices beyond that are
-   stranded. The change of max(0, free slices - C / per-slice) is added to the delta (slices of
-   stranded capacity count as slices of fragment). So a CPU-only pod spends CPU that no idle GPU
+3. CPU and host memory run out too. FGD counts a node's idle GPUs as fragment for a shape whose
+   CPU the node lacks; the same holds in expectation for what the node can still host: at the
+   learned GPU pods' CPU per slice, free CPU C feeds C / per-slice slices (host memory likewise),
+   and free slices beyond what the scarcer of the two feeds are stranded. The change of
+   max(0, free slices - min(CPU feeds, memory feeds)) is added to the delta (slices of stranded
+   capacity count as slices of fragment). So a CPU-only pod spends CPU that no idle GPU
    needs, and a GPU pod goes where its CPU per slice matches what the node has left.
 4. Single-GPU pods: among the candidates within ``window`` levels of the best, the placement that
    most lowers sum_g N(g)^2 over MPS units with g free slices (leftovers spread over many sizes,
@@ -91,11 +92,11 @@ def product_scarcity(state: ClusterState, req: PackRequest, cands: Candidates, r
     return np.asarray(cost * float(req.gpus * req.slices), dtype=np.float64)
 
 
-def cpu_stranding_change(state: ClusterState, req: PackRequest, cands: Candidates, shapes: TargetShapes,
+def host_stranding_change(state: ClusterState, req: PackRequest, cands: Candidates, shapes: TargetShapes,
                          node_free: I64 | None = None) -> F64:
-    """Change of the node's free slices that its free CPU cannot feed at the learned GPU pods' CPU
-    per slice (total CPU over total slices asked), per candidate: max(0, free - CPU / per-slice).
-    ``node_free``: free slices per node if the caller has them (the FGD cache does)."""
+    """Change of the node's free slices that its free CPU (or host memory) cannot feed at the
+    learned GPU pods' CPU (memory) per slice, per candidate: max(0, free - min(C / cpu per slice,
+    M / memory per slice)). ``node_free``: free slices per node if the caller has them."""
     n = len(cands)
     gpu = shapes.gpus > 0
     per_slice = float((shapes.p[gpu] * shapes.cpu[gpu]).sum()) / max(
@@ -107,8 +108,14 @@ def cpu_stranding_change(state: ClusterState, req: PackRequest, cands: Candidate
         node_free = np.maximum(state.free_matrix(), 0).sum(axis=1)
     free = node_free[node].astype(np.float64)
     cpu = state.node_cpu_free[node].astype(np.float64)
-    before = np.maximum(free - cpu / per_slice, 0.0)
-    after = np.maximum(free - req.gpus * req.slices - (cpu - req.cpu_milli) / per_slice, 0.0)
+    feeds = cpu / per_slice
+    feeds_after = (cpu - req.cpu_milli) / per_slice
+    if shapes.memory_per_slice > 0:
+        mem = state.node_mem_free[node].astype(np.float64)
+        feeds = np.minimum(feeds, mem / shapes.memory_per_slice)
+        feeds_after = np.minimum(feeds_after, (mem - req.memory_mib) / shapes.memory_per_slice)
+    before = np.maximum(free - feeds, 0.0)
+    after = np.maximum(free - req.gpus * req.slices - feeds_after, 0.0)
     return np.asarray(after - before, dtype=np.float64)
 
 
@@ -132,11 +139,11 @@ SCARCITY_CAP = 5.0
 class Fragmentation(BasePolicy):
     name = "fragmentation"
 
-    def __init__(self, window: int | None = None, quantile: float = 0.005, cpu_weight: float = 1.0,
+    def __init__(self, window: int | None = None, quantile: float = 0.005, stranding_weight: float = 1.0,
                  scarcity_gain: float = SCARCITY_GAIN, pinned_weight: float = 1.0) -> None:
         self.window = window
         self.quantile = quantile
-        self.cpu_weight = cpu_weight
+        self.stranding_weight = stranding_weight
         self.scarcity_gain = scarcity_gain
         self.pinned_weight = pinned_weight
 
@@ -163,9 +170,10 @@ class Fragmentation(BasePolicy):
         delta = frag_delta(state, req, cands, mem) + slice_terms.MIG_WEIGHT * stranded
         delta += product_scarcity(state, req, cands, mem.load_ratios(state), self.scarcity_gain,
                                   mem.loads.pinned, self.pinned_weight)
-        if self.cpu_weight:
+        if self.stranding_weight:
             # frag_delta above refreshed the cache's per-node idle totals (free slices, usable units)
-            delta += self.cpu_weight * cpu_stranding_change(state, req, cands, mem.current(state), mem.cache.total)
+            stranded_host = host_stranding_change(state, req, cands, mem.current(state), mem.cache.total)
+            delta += self.stranding_weight * stranded_host
         level = levels(sigmoid_score(delta, state.slices_per_gpu))
         out = 0.49 * level / 100.0
         if req.gpus == 0:

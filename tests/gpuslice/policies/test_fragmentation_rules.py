@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuslice.packing.state import ClusterState, PackRequest, enumerate_candidates
+from gpuslice.packing.state import KIND_MPS, ClusterState, NodeSpec, PackRequest, UnitSpec, enumerate_candidates
 from gpuslice.policies.base import PolicyContext
-from gpuslice.policies.fragmentation import Fragmentation, cpu_stranding_change
+from gpuslice.policies.fragmentation import Fragmentation, host_stranding_change
 
 from .helpers import cluster
 
@@ -37,10 +37,10 @@ def test_cpu_only_pod_spends_cpu_that_no_idle_gpu_needs() -> None:
     # the same everywhere; only node 0 would strand a quarter of a GPU.
     state = cluster([[1000, 1000], [0, 0], [1000, 0]], cpus=[32000, 16000, 64000])
     seen = [GPU_POD, GPU_POD, CPU_POD]
-    assert pick(Fragmentation(cpu_weight=0.0), state, CPU_POD, seen) == 0  # node order alone
+    assert pick(Fragmentation(stranding_weight=0.0), state, CPU_POD, seen) == 0  # node order alone
     assert pick(Fragmentation(), state, CPU_POD, seen) == 1
     shapes = _memory(Fragmentation(), seen).current(state)  # type: ignore[attr-defined]
-    change = cpu_stranding_change(state, CPU_POD, enumerate_candidates(state, CPU_POD), shapes)
+    change = host_stranding_change(state, CPU_POD, enumerate_candidates(state, CPU_POD), shapes)
     np.testing.assert_allclose(change, [250.0, 0.0, 0.0])
 
 
@@ -54,10 +54,28 @@ def test_a_light_gpu_pod_takes_the_gpu_that_a_cpu_poor_node_would_strand() -> No
     seen = [GPU_POD] * 3 + [light]
     cands = enumerate_candidates(state, light)
     shapes = _memory(Fragmentation(), [GPU_POD]).current(state)  # type: ignore[attr-defined]
-    np.testing.assert_allclose(cpu_stranding_change(state, light, cands, shapes),
+    np.testing.assert_allclose(host_stranding_change(state, light, cands, shapes),
                                np.where(cands.node == 1, -750.0, 0.0))
     assert pick(Fragmentation(), state, light, seen) == 1
-    assert pick(Fragmentation(cpu_weight=0.0), state, light, seen) == 0  # node order alone
+    assert pick(Fragmentation(stranding_weight=0.0), state, light, seen) == 0  # node order alone
+
+
+def test_host_memory_strands_slices_as_cpu_does() -> None:
+    # Learned: 16 GiB of host memory per GPU. Both nodes have 2 idle GPUs and 64 cores; node 0 has
+    # 16 GiB of memory (it feeds one GPU: 1000 slices stranded), node 1 256 GiB. A CPU-only pod
+    # asking 4 GiB would strand a quarter more of a GPU on node 0 and nothing on node 1.
+    nodes = [NodeSpec("n0", 64000, 16384, "G2"), NodeSpec("n1", 64000, 262144, "G2")]
+    units = [UnitSpec(v, g, KIND_MPS, 1000) for v in range(2) for g in range(2)]
+    state = ClusterState(nodes, units, slices_per_gpu=1000, allow_mps_multi=True)
+    gpu_pod = PackRequest(cpu_milli=1000, memory_mib=16384, gpus=1, slices=1000)
+    small = PackRequest(cpu_milli=1000, memory_mib=4096)
+    seen = [gpu_pod] * 3 + [small]
+    shapes = _memory(Fragmentation(), seen).current(state)  # type: ignore[attr-defined]
+    assert shapes.memory_per_slice == 16384 / 1000
+    change = host_stranding_change(state, small, enumerate_candidates(state, small), shapes)
+    np.testing.assert_allclose(change, [250.0, 0.0])
+    assert pick(Fragmentation(), state, small, seen) == 1
+    assert pick(Fragmentation(stranding_weight=0.0), state, small, seen) == 0  # node order alone
 
 
 def test_leftover_rule_only_inside_the_window() -> None:
