@@ -55,7 +55,6 @@ class FragMemory:
         self.cache.sync(state, self.shapes, self.version)
         return self.shapes
 
-
     def load_ratios(self, state: ClusterState) -> F64:
         """Per-product load ratios of the current target over the free capacity (``scarcity``)."""
         shapes = self.current(state)
