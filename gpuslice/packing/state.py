@@ -281,6 +281,10 @@ class ClusterState:
         free = np.where(self.unit_usable, self.unit_free, np.minimum(self.unit_free, 0))
         return free[self.node_units]
 
+    def node_free_slices(self) -> I64:
+        """Free slices per node, usable units only (what every per-node packing term counts)."""
+        return np.asarray(np.maximum(self.free_matrix(), 0).sum(axis=1), dtype=np.int64)
+
     def product_mask(self, products: frozenset[str] | None) -> B:
         """Nodes whose GPU product is allowed (N-long)."""
         mask = self._product_masks.get(products)

@@ -78,8 +78,7 @@ def unit_leftover(state: ClusterState, req: PackRequest, cands: Candidates) -> F
 
 def node_slices_left(state: ClusterState, req: PackRequest, cands: Candidates) -> F64:
     """Free slices left on the candidate's node after placing."""
-    free = np.maximum(state.free_matrix(), 0).sum(axis=1)
-    return np.asarray(free[cands.node] - req.total_slices, dtype=np.float64)
+    return np.asarray(state.node_free_slices()[cands.node] - req.total_slices, dtype=np.float64)
 
 
 def tightest(state: ClusterState, req: PackRequest, cands: Candidates) -> F64:

@@ -47,8 +47,7 @@ def has_prices(state: ClusterState) -> bool:
 
 def nodes_in_use(state: ClusterState) -> NDArrayBool:
     """Nodes holding at least one allocated slice (what the bill counts)."""
-    free = np.maximum(state.free_matrix(), 0).sum(axis=1)
-    return np.asarray(free < state.node_slice_cap, dtype=bool)
+    return np.asarray(state.node_free_slices() < state.node_slice_cap, dtype=bool)
 
 
 class Cost(BasePolicy):

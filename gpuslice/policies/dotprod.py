@@ -18,7 +18,7 @@ class DotProd(BasePolicy):
     name = "dotprod"
 
     def score(self, state: ClusterState, req: PackRequest, cands: Candidates, memory: Any) -> F64:
-        free = np.maximum(state.free_matrix(), 0).sum(axis=1)[cands.node]
+        free = state.node_free_slices()[cands.node]
         cpu = state.node_cpu_free[cands.node] / state.max_node_cpu
         gpu = free / state.max_node_slices
         dot = cpu * (req.cpu_milli / state.max_node_cpu) + gpu * (req.total_slices / state.max_node_slices)

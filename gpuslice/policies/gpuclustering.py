@@ -32,7 +32,7 @@ class GpuClustering(BasePolicy):
         same = cls[:, pod_class(state, req)] > 0
         total = cls.sum(axis=1)
         band = np.where(total == 0, 1, np.where(same, np.where(cls[:, pod_class(state, req)] == total, 3, 2), 0))
-        free = np.maximum(state.free_matrix(), 0).sum(axis=1)[cands.node] / state.max_node_slices
+        free = state.node_free_slices()[cands.node] / state.max_node_slices
         return np.asarray((band + (1.0 - free)) / 4.0, dtype=np.float64)
 
     def secondary(self, state: ClusterState, req: PackRequest, cands: Candidates, memory: Any) -> F64:
