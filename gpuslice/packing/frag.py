@@ -205,6 +205,7 @@ class TargetShapes:
     kidx: I64  # M -> index into the tests
     idle_mass: float  # the probability of shapes no node can host (CPU-only pods)
     groups: GroupTable
+    cpu_per_slice: float = 0.0  # CPU (millicores) the GPU shapes ask per slice, by probability
     memory_per_slice: float = 0.0  # host memory (MiB) the GPU pods seen ask per slice
 
     @property
@@ -236,8 +237,10 @@ class TargetShapes:
                       np.array([d[3] for d in distinct], dtype=bool), workload.aware)
         kidx = np.array([index[tk] for tk in test_keys], dtype=np.int64)
         idle_mass = float(p[gpus == 0].sum()) if m else 0.0
+        g = gpus > 0
+        cpu_per_slice = float((p[g] * cpu[g]).sum()) / max(float((p[g] * gpus[g] * slices[g]).sum()), 1e-9)
         return cls(cpu, slices, gpus, prod_ok, p, tests, kidx, idle_mass, GroupTable.build(kidx, gpus, prod_ok, cpu, p),
-                   workload.gpu_memory / workload.gpu_slices if workload.gpu_slices else 0.0)
+                   cpu_per_slice, workload.gpu_memory / workload.gpu_slices if workload.gpu_slices else 0.0)
 
 
 def unit_stats(free: I64, kind: I64, cap: I64, mem: I64, tests: Tests) -> tuple[I64, I64, I64]:

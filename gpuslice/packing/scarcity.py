@@ -128,23 +128,23 @@ class ProductLoads:
         self.assign: F64 | None = None
         self.pinned = np.zeros(0)
 
-    def get(self, shapes: TargetShapes, version: int, state: ClusterState) -> F64:
+    def get(self, shapes: TargetShapes, version: int, state: ClusterState) -> tuple[F64, F64]:
+        """(load ratios, pinned shares) per product of ``state.products``."""
         k = len(state.products)
         fresh = version != self.version or self.eligible.shape[1:] != (k,)
         if fresh:
             self.demand, self.eligible = demand_groups(shapes)
             self.version, self.assign = version, None
         if self.eligible.all():  # nothing pinned: every product is worth the same
-            if self.ratios.shape != (k,) or not (self.ratios == 1.0).all():
-                self.ratios = np.ones(k)
-                self.pinned = np.zeros(k)
-            return self.ratios
+            if fresh:
+                self.ratios, self.pinned = np.ones(k), np.zeros(k)
+            return self.ratios, self.pinned
         free = product_free(state)
         moved = np.abs(free - self.basis).max() if self.basis.shape == free.shape else np.inf
         if not fresh and moved <= self.tolerance * max(free.sum(), 1.0):
-            return self.ratios
+            return self.ratios, self.pinned
         self.ratios, self.assign = load_ratios(self.demand, self.eligible, free, self.assign)
         pinned = ~self.eligible.all(axis=1)
         self.pinned = np.where(free > 0, self.assign[pinned].sum(axis=0) / np.maximum(free, 1e-300), 0.0)
         self.basis = free
-        return self.ratios
+        return self.ratios, self.pinned

@@ -55,10 +55,10 @@ class FragMemory:
         self.cache.sync(state, self.shapes, self.version)
         return self.shapes
 
-    def load_ratios(self, state: ClusterState) -> F64:
-        """Per-product load ratios of the current target over the free capacity (``scarcity``)."""
-        shapes = self.current(state)
-        return self.loads.get(shapes, self.version, state)
+    def product_loads(self, state: ClusterState) -> tuple[F64, F64]:
+        """Per-product load ratios and pinned shares of the current target over the free capacity
+        (:class:`gpuslice.packing.scarcity.ProductLoads`)."""
+        return self.loads.get(self.current(state), self.version, state)
 
 
 def new_frag_memory(ctx: PolicyContext, *, offline: bool) -> FragMemory:

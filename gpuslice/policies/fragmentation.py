@@ -71,15 +71,14 @@ def leftover_sumsq_change(state: ClusterState, req: PackRequest, cands: Candidat
     return np.asarray(d, dtype=np.float64)
 
 
-def product_scarcity(state: ClusterState, req: PackRequest, cands: Candidates, ratios: F64, gain: float,
-                     pinned: F64 | None = None, pinned_weight: float = 0.0) -> F64:
+def product_scarcity(state: ClusterState, req: PackRequest, cands: Candidates, ratios: F64, pinned: F64,
+                     gain: float, pinned_weight: float) -> F64:
     """Slices the pod takes x (min(``SCARCITY_CAP``, ``gain`` x how far its candidate's product is
     loaded above the least loaded product the pod may use) + ``pinned_weight`` x how much more of
     the candidate's product the balanced spread gives to pinned demand than of the pod's least
     pinned choice); see :mod:`gpuslice.packing.scarcity`."""
     n = len(cands)
-    flat = np.ptp(ratios) <= 1e-9 and (pinned is None or pinned.shape != ratios.shape or np.ptp(pinned) <= 1e-9)
-    if n == 0 or req.gpus == 0 or ratios.shape[0] < 2 or flat:
+    if n == 0 or req.gpus == 0 or ratios.shape[0] < 2 or (np.ptp(ratios) <= 1e-9 and np.ptp(pinned) <= 1e-9):
         return np.zeros(n)
     allowed = state.product_mask(req.products)[: ratios.shape[0]] & (ratios > 0)
     if not allowed.any():
@@ -87,7 +86,7 @@ def product_scarcity(state: ClusterState, req: PackRequest, cands: Candidates, r
     prod = state.node_product[cands.node]
     above = ratios[prod] - float(ratios[allowed].min())
     cost = np.clip(gain * np.where(above > 1e-9, above, 0.0), 0.0, SCARCITY_CAP)
-    if pinned_weight and pinned is not None and pinned.shape == ratios.shape:
+    if pinned_weight:
         cost = cost + pinned_weight * np.maximum(pinned[prod] - float(pinned[allowed].min()), 0.0)
     return np.asarray(cost * float(req.gpus * req.slices), dtype=np.float64)
 
@@ -98,14 +97,12 @@ def host_stranding_change(state: ClusterState, req: PackRequest, cands: Candidat
     learned GPU pods' CPU (memory) per slice, per candidate: max(0, free - min(C / cpu per slice,
     M / memory per slice)). ``node_free``: free slices per node if the caller has them."""
     n = len(cands)
-    gpu = shapes.gpus > 0
-    per_slice = float((shapes.p[gpu] * shapes.cpu[gpu]).sum()) / max(
-        float((shapes.p[gpu] * shapes.gpus[gpu] * shapes.slices[gpu]).sum()), 1e-9)
+    per_slice = shapes.cpu_per_slice
     if n == 0 or per_slice <= 0:
         return np.zeros(n)
     node = cands.node
     if node_free is None:
-        node_free = np.maximum(state.free_matrix(), 0).sum(axis=1)
+        node_free = state.node_free_slices()
     free = node_free[node].astype(np.float64)
     cpu = state.node_cpu_free[node].astype(np.float64)
     feeds = cpu / per_slice
@@ -168,8 +165,8 @@ class Fragmentation(BasePolicy):
             return np.zeros(0)
         stranded = slice_terms.mig_stranded_change(state, req, cands)  # 0 off MIG (openb: always)
         delta = frag_delta(state, req, cands, mem) + slice_terms.MIG_WEIGHT * stranded
-        delta += product_scarcity(state, req, cands, mem.load_ratios(state), self.scarcity_gain,
-                                  mem.loads.pinned, self.pinned_weight)
+        ratios, pinned = mem.product_loads(state)
+        delta += product_scarcity(state, req, cands, ratios, pinned, self.scarcity_gain, self.pinned_weight)
         if self.stranding_weight:
             # frag_delta above refreshed the cache's per-node idle totals (free slices, usable units)
             stranded_host = host_stranding_change(state, req, cands, mem.current(state), mem.cache.total)
