@@ -6,6 +6,7 @@ import numpy as np
 
 from gpuslice.packing.state import KIND_MPS, ClusterState, NodeSpec, PackRequest, UnitSpec, enumerate_candidates
 from gpuslice.policies.base import PolicyContext
+from gpuslice.policies.fgd import FragMemory
 from gpuslice.policies.fragmentation import Fragmentation, host_stranding_change
 
 from .helpers import cluster
@@ -15,8 +16,8 @@ CPU_POD = PackRequest(cpu_milli=4000)
 GPU_POD = PackRequest(cpu_milli=16000, gpus=1, slices=1000)
 
 
-def _memory(pol: Fragmentation, seen: list[PackRequest]) -> object:
-    mem = pol.new_memory(PolicyContext(0))
+def _memory(pol: Fragmentation, seen: list[PackRequest]) -> FragMemory:
+    mem: FragMemory = pol.new_memory(PolicyContext(0))
     for r in seen:
         pol.observe(mem, r)
     return mem
@@ -39,7 +40,7 @@ def test_cpu_only_pod_spends_cpu_that_no_idle_gpu_needs() -> None:
     seen = [GPU_POD, GPU_POD, CPU_POD]
     assert pick(Fragmentation(stranding_weight=0.0), state, CPU_POD, seen) == 0  # node order alone
     assert pick(Fragmentation(), state, CPU_POD, seen) == 1
-    shapes = _memory(Fragmentation(), seen).current(state)  # type: ignore[attr-defined]
+    shapes = _memory(Fragmentation(), seen).current(state)
     change = host_stranding_change(state, CPU_POD, enumerate_candidates(state, CPU_POD), shapes)
     np.testing.assert_allclose(change, [250.0, 0.0, 0.0])
 
@@ -53,7 +54,7 @@ def test_a_light_gpu_pod_takes_the_gpu_that_a_cpu_poor_node_would_strand() -> No
     light = PackRequest(cpu_milli=4000, gpus=1, slices=1000)
     seen = [GPU_POD] * 3 + [light]
     cands = enumerate_candidates(state, light)
-    shapes = _memory(Fragmentation(), [GPU_POD]).current(state)  # type: ignore[attr-defined]
+    shapes = _memory(Fragmentation(), [GPU_POD]).current(state)
     np.testing.assert_allclose(host_stranding_change(state, light, cands, shapes),
                                np.where(cands.node == 1, -750.0, 0.0))
     assert pick(Fragmentation(), state, light, seen) == 1
@@ -70,7 +71,7 @@ def test_host_memory_strands_slices_as_cpu_does() -> None:
     gpu_pod = PackRequest(cpu_milli=1000, memory_mib=16384, gpus=1, slices=1000)
     small = PackRequest(cpu_milli=1000, memory_mib=4096)
     seen = [gpu_pod] * 3 + [small]
-    shapes = _memory(Fragmentation(), seen).current(state)  # type: ignore[attr-defined]
+    shapes = _memory(Fragmentation(), seen).current(state)
     assert shapes.memory_per_slice == 16384 / 1000
     change = host_stranding_change(state, small, enumerate_candidates(state, small), shapes)
     np.testing.assert_allclose(change, [250.0, 0.0])

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from gpuslice.packing.scarcity import load_ratios
 from gpuslice.packing.state import ClusterState, PackRequest, enumerate_candidates
 from gpuslice.policies.base import PolicyContext
+from gpuslice.policies.fgd import FragMemory
 from gpuslice.policies.fragmentation import Fragmentation
 from tests.gpuslice.policies.helpers import cluster
 
@@ -52,8 +53,8 @@ def test_a_product_asked_for_beyond_its_share_is_loaded_above_the_rest() -> None
     np.testing.assert_allclose(ratios, [2.5, 0.625])
 
 
-def _learned(pol: Fragmentation, seen: list[PackRequest]) -> object:
-    mem = pol.new_memory(PolicyContext(0))
+def _learned(pol: Fragmentation, seen: list[PackRequest]) -> FragMemory:
+    mem: FragMemory = pol.new_memory(PolicyContext(0))
     for r in seen:
         pol.observe(mem, r)
     return mem
@@ -104,8 +105,8 @@ def test_at_equal_loads_an_unpinned_pod_leaves_the_product_whose_capacity_pinned
     pol = Fragmentation()
     mem = _learned(pol, seen)
     score = pol.score(state, ANY, cands, mem)
-    np.testing.assert_allclose(mem.loads.ratios, 1.0)  # type: ignore[attr-defined]
-    np.testing.assert_allclose(mem.loads.pinned, [0.8 / 6, 0.8 / 2])  # type: ignore[attr-defined]
+    np.testing.assert_allclose(mem.loads.ratios, 1.0)
+    np.testing.assert_allclose(mem.loads.pinned, [0.8 / 6, 0.8 / 2])
     assert score[~t4].min() > score[t4].max()
     off = Fragmentation(pinned_weight=0.0)
     plain = off.score(state, ANY, cands, _learned(off, seen))
