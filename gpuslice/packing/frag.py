@@ -66,6 +66,9 @@ class TargetWorkload:
     #: key, so its rate per slice is kept beside the counts.
     gpu_memory: int = 0
     gpu_slices: int = 0
+    #: GPU pods seen per owner (ReplicaSet, StatefulSet): the owner-spread rule makes an owner part
+    #: of what a pod can use, and the owner's share of the pods is its weight (``owner_share``).
+    owners: dict[str, int] = field(default_factory=dict)
 
     def key(self, req: PackRequest) -> ShapeKey:
         c, k, g, prods = req.shape
@@ -80,6 +83,14 @@ class TargetWorkload:
         if req.gpus:
             self.gpu_memory += req.memory_mib
             self.gpu_slices += req.gpus * req.slices
+            if req.owner:
+                self.owners[req.owner] = self.owners.get(req.owner, 0) + 1
+
+    def owner_share(self, owner: str) -> float:
+        """Share of the pods seen that belong to ``owner`` (0 for no owner or none seen)."""
+        if not owner or self.seen == 0:
+            return 0.0
+        return self.owners.get(owner, 0) / self.seen
 
     @classmethod
     def offline(cls, reqs: Iterable[PackRequest], coverage: float = 0.95) -> TargetWorkload:
@@ -94,7 +105,7 @@ class TargetWorkload:
                 break
             kept[key] = n
             covered += n
-        return cls(kept, covered, gpu_memory=full.gpu_memory, gpu_slices=full.gpu_slices)
+        return cls(kept, covered, gpu_memory=full.gpu_memory, gpu_slices=full.gpu_slices, owners=full.owners)
 
     def fractional_threshold(self, quantile: float, slices_per_gpu: int) -> int:
         """Slices k such that ``quantile`` of the fractional pods seen ask k or fewer (0 if none)."""

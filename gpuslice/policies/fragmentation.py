@@ -26,6 +26,12 @@
    x its slices) to the delta, plus its slices x the share of that product's
    capacity the spread gives to pinned demand beyond its least pinned choice (a slice taken there
    displaces that share of a pinned pod's slice). Without pinned shapes both terms are 0.
+6. The owner-spread rule (never two pods of one owner on a GPU) makes the owner part of what a pod
+   can use. A pod closes the GPUs it takes to its owner's later pods, so the idle slices left
+   there that would still take the pod's shape become fragment for that owner; weighted by the
+   owner's share of the pods seen (its probability in the target, as any shape's), their count
+   is added to the delta. An owner's pods so go where they close the least. Pods without an
+   owner, and traces without owners, are scored as before.
 
 The window depends only on the slice granularity: a few levels for fine slices (the milli-GPU
 simulation), none for the coarse slices of real MPS/MIG nodes, where one slice already moves the
@@ -116,6 +122,26 @@ def host_stranding_change(state: ClusterState, req: PackRequest, cands: Candidat
     return np.asarray(after - before, dtype=np.float64)
 
 
+def owner_spread_change(state: ClusterState, req: PackRequest, cands: Candidates) -> F64:
+    """Idle slices that would still take the pod's shape, left on the GPUs each candidate takes:
+    the owner-spread rule closes them to the pod's owner (0 for a pod without an owner)."""
+    n = len(cands)
+    if n == 0 or req.gpus == 0 or not req.owner:
+        return np.zeros(n)
+    # The candidates' GPUs hold no pod of this owner (the rule refused those), so acceptance there
+    # with the rule equals acceptance of the shape alone.
+    m = state.n_units
+    accepts = state.unit_accepts(req)[:m]
+    open_free = np.where(accepts, state.unit_free[:m], 0).astype(np.float64)
+    per_gpu = np.bincount(state.unit_gpu_id[:m], weights=open_free, minlength=state.n_gpus)
+    units = cands.units
+    free = state.unit_free[units].astype(np.float64)
+    left = free - req.slices
+    still = np.where(left >= req.slices, left, 0.0)  # an MPS unit's remainder may take the shape again
+    closed = per_gpu[state.unit_gpu_id[units]] - free + still
+    return np.asarray(closed.sum(axis=1), dtype=np.float64)
+
+
 def _rank_scores(key: F64, level: F64) -> F64:
     """Map ``key`` (higher better, then ``level``) onto [0.5, 1), order preserved."""
     _, rank = np.unique(key, return_inverse=True)
@@ -137,12 +163,14 @@ class Fragmentation(BasePolicy):
     name = "fragmentation"
 
     def __init__(self, window: int | None = None, quantile: float = 0.005, stranding_weight: float = 1.0,
-                 scarcity_gain: float = SCARCITY_GAIN, pinned_weight: float = 1.0) -> None:
+                 scarcity_gain: float = SCARCITY_GAIN, pinned_weight: float = 1.0,
+                 owner_weight: float = 1.0) -> None:
         self.window = window
         self.quantile = quantile
         self.stranding_weight = stranding_weight
         self.scarcity_gain = scarcity_gain
         self.pinned_weight = pinned_weight
+        self.owner_weight = owner_weight
 
     def window_for(self, slices_per_gpu: int) -> int:
         """The leftover rule's window in FGD levels: as set, else by slice granularity."""
@@ -171,6 +199,9 @@ class Fragmentation(BasePolicy):
             # frag_delta above refreshed the cache's per-node idle totals (free slices, usable units)
             stranded_host = host_stranding_change(state, req, cands, mem.current(state), mem.cache.total)
             delta += self.stranding_weight * stranded_host
+        share = mem.target.owner_share(req.owner)
+        if share > 0.0 and self.owner_weight:
+            delta += self.owner_weight * share * owner_spread_change(state, req, cands)
         level = levels(sigmoid_score(delta, state.slices_per_gpu))
         out = 0.49 * level / 100.0
         if req.gpus == 0:

@@ -1,0 +1,73 @@
+"""``fragmentation`` point 6: the owner-spread rule closes a GPU to its owner's later pods."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuslice.packing.frag import TargetWorkload
+from gpuslice.packing.state import KIND_MIG, ClusterState, NodeSpec, PackRequest, UnitSpec, enumerate_candidates
+from gpuslice.policies.base import PolicyContext
+from gpuslice.policies.fgd import FragMemory
+from gpuslice.policies.fragmentation import Fragmentation, owner_spread_change
+
+from .helpers import cluster
+
+POD = PackRequest(cpu_milli=1000, memory_mib=1024, gpus=1, slices=1, owner="llm-a")
+
+
+def _pick(pol: Fragmentation, state: ClusterState, req: PackRequest, seen: list[PackRequest]) -> int:
+    mem: FragMemory = pol.new_memory(PolicyContext(0))
+    for r in seen:
+        pol.observe(mem, r)
+    cands = enumerate_candidates(state, req)
+    return int(cands.node[int(np.argmax(pol.score(state, req, cands, mem)))])
+
+
+def test_mps_gpu_left_open_to_the_shape_is_closed_to_the_owner() -> None:
+    # Node 0: an idle 7-slice MPS GPU (6 slices left would still take the shape); node 1: 2 free.
+    state = cluster([[7], [2]], slices=7)
+    cands = enumerate_candidates(state, POD)
+    np.testing.assert_allclose(owner_spread_change(state, POD, cands), np.where(cands.node == 0, 6.0, 1.0))
+    no_owner = PackRequest(cpu_milli=1000, memory_mib=1024, gpus=1, slices=1)
+    np.testing.assert_allclose(owner_spread_change(state, no_owner, enumerate_candidates(state, no_owner)), 0.0)
+
+
+def test_a_large_mps_request_leaves_nothing_its_shape_could_take() -> None:
+    # 4 slices out of 7 leave 3, which a 4-slice pod of the owner could not take anyway.
+    state = cluster([[7]], slices=7)
+    req = PackRequest(cpu_milli=1000, gpus=1, slices=4, owner="llm-b")
+    np.testing.assert_allclose(owner_spread_change(state, req, enumerate_candidates(state, req)), [0.0])
+
+
+def test_mig_counts_only_instances_of_the_pods_size_on_the_same_gpu() -> None:
+    # Node 0's GPU: instances of 1, 1 and 2 slices; node 1's GPU: 1 and 4. A 1-slice pod on node 0
+    # closes the other 1-slice instance to its owner; the 2- and 4-slice ones never took it.
+    nodes = [NodeSpec("n0", 64000, 256000, "H100"), NodeSpec("n1", 64000, 256000, "H100")]
+    units = [UnitSpec(0, 0, KIND_MIG, c) for c in (1, 1, 2)] + [UnitSpec(1, 0, KIND_MIG, c) for c in (1, 4)]
+    state = ClusterState(nodes, units, slices_per_gpu=7, allow_mps_multi=True)
+    cands = enumerate_candidates(state, POD)
+    np.testing.assert_allclose(owner_spread_change(state, POD, cands), np.where(cands.node == 0, 1.0, 0.0))
+
+
+def test_owner_share_is_the_owners_part_of_the_pods_seen() -> None:
+    other = PackRequest(cpu_milli=1000, memory_mib=1024, gpus=1, slices=1, owner="llm-other")
+    target = TargetWorkload()
+    for r in [POD, POD, POD, other, PackRequest(cpu_milli=1000)]:
+        target.observe(r)
+    assert target.owner_share("llm-a") == 0.6
+    assert target.owner_share("llm-other") == 0.2
+    assert target.owner_share("") == 0.0
+    assert target.owner_share("never-seen") == 0.0
+
+
+def test_the_owner_term_outweighs_a_gpu_that_strands_less() -> None:
+    # Idle MIG GPUs: node 0 has two 1-slice instances, node 1 one 1-slice and one 2-slice. FGD's
+    # fragment for the 1-slice shape does not move on either; the MIG term prefers node 0 (one
+    # slice stranded beside the pod against two), but there the pod closes the other 1-slice
+    # instance to its owner, which is every pod seen.
+    nodes = [NodeSpec("n0", 64000, 256000, "H100"), NodeSpec("n1", 64000, 256000, "H100")]
+    units = [UnitSpec(0, 0, KIND_MIG, c) for c in (1, 1)] + [UnitSpec(1, 0, KIND_MIG, c) for c in (1, 2)]
+    state = ClusterState(nodes, units, slices_per_gpu=7, allow_mps_multi=True)
+    seen = [POD] * 4
+    assert _pick(Fragmentation(), state, POD, seen) == 1
+    assert _pick(Fragmentation(owner_weight=0.0), state, POD, seen) == 0  # the rest of the policy alone
