@@ -69,6 +69,8 @@ class TargetWorkload:
     #: GPU pods seen per owner (ReplicaSet, StatefulSet): the owner-spread rule makes an owner part
     #: of what a pod can use, and the owner's share of the pods is its weight (``owner_share``).
     owners: dict[str, int] = field(default_factory=dict)
+    #: The last GPU request seen per owner: what its next pod is expected to ask.
+    owner_requests: dict[str, PackRequest] = field(default_factory=dict)
 
     def key(self, req: PackRequest) -> ShapeKey:
         c, k, g, prods = req.shape
@@ -85,6 +87,17 @@ class TargetWorkload:
             self.gpu_slices += req.gpus * req.slices
             if req.owner:
                 self.owners[req.owner] = self.owners.get(req.owner, 0) + 1
+                self.owner_requests[req.owner] = req
+
+    def other_owners(self, owner: str, limit: int, min_share: float) -> list[tuple[float, PackRequest]]:
+        """(share, expected request) of the ``limit`` largest single-GPU owners other than ``owner``
+        with at least ``min_share`` of the pods seen, largest first."""
+        if self.seen == 0:
+            return []
+        floor = min_share * self.seen
+        big = [(n, o) for o, n in self.owners.items() if n >= floor and o != owner and self.owner_requests[o].gpus == 1]
+        big.sort(key=lambda no: (-no[0], no[1]))
+        return [(n / self.seen, self.owner_requests[o]) for n, o in big[:limit]]
 
     def owner_share(self, owner: str) -> float:
         """Share of the pods seen that belong to ``owner`` (0 for no owner or none seen)."""
@@ -105,7 +118,8 @@ class TargetWorkload:
                 break
             kept[key] = n
             covered += n
-        return cls(kept, covered, gpu_memory=full.gpu_memory, gpu_slices=full.gpu_slices, owners=full.owners)
+        return cls(kept, covered, gpu_memory=full.gpu_memory, gpu_slices=full.gpu_slices, owners=full.owners,
+                   owner_requests=full.owner_requests)
 
     def fractional_threshold(self, quantile: float, slices_per_gpu: int) -> int:
         """Slices k such that ``quantile`` of the fractional pods seen ask k or fewer (0 if none)."""

@@ -316,27 +316,38 @@ class ClusterState:
         return np.bincount(self.unit_gpu_id[:n], weights=used, minlength=self.n_gpus).astype(np.int64)
 
     # ----- feasibility ----------------------------------------------------------------------
-    def unit_accepts(self, req: PackRequest) -> B:
-        """Units (length n_units + 1, sentinel False) a request's per-GPU part could go on."""
+    def unit_accepts(self, req: PackRequest, rows: I64 | None = None) -> B:
+        """Units (length n_units + 1, sentinel False) a request's per-GPU part could go on; with
+        ``rows`` (unit rows, the sentinel allowed), only those, in that order."""
         k = req.slices
-        kind = self.unit_kind
+        if rows is None:
+            kind, cap, free = self.unit_kind, self.unit_cap, self.unit_free
+            usable, mem = self.unit_usable, self.unit_mem
+        else:
+            kind, cap, free = self.unit_kind[rows], self.unit_cap[rows], self.unit_free[rows]
+            usable, mem = self.unit_usable[rows], self.unit_mem[rows]
         if req.gpus <= 1:
-            ok = self.unit_usable & (self.unit_free >= k) & ((kind == KIND_MPS) | (self.unit_cap == k))
+            ok = usable & (free >= k) & ((kind == KIND_MPS) | (cap == k))
         else:
             multi_kind = (kind == KIND_WHOLE) | ((kind == KIND_MPS) & self.allow_mps_multi)
-            ok = self.unit_usable & multi_kind & (self.unit_cap == k) & (self.unit_free == k)
+            ok = usable & multi_kind & (cap == k) & (free == k)
         if req.isolation == "mig":
             ok &= kind == KIND_MIG
         elif req.isolation == "mps":
             ok &= kind == KIND_MPS
         if req.gpu_memory_mib > 0:
-            share = np.where(kind == KIND_MPS, mps_share_mib(self.unit_mem, k, self.unit_cap), self.unit_mem)
+            share = np.where(kind == KIND_MPS, mps_share_mib(mem, k, cap), mem)
             ok &= np.asarray(memory_floor_met(share, req.gpu_memory_mib, self.memory_tolerance), dtype=bool)
         if req.owner:
-            taken = self.owner_units(req.owner)
-            if taken:
-                ok = ok.copy()
-                ok[np.array(taken, dtype=np.int64)] = False
+            if rows is None:
+                taken = self.owner_units(req.owner)
+                if taken:
+                    ok = ok.copy()
+                    ok[np.array(taken, dtype=np.int64)] = False
+            else:
+                gpus = self.owner_gpus(req.owner)
+                if gpus:
+                    ok &= ~np.isin(self.unit_gpu_id[rows], np.array(gpus, dtype=np.int64))
         return np.asarray(ok, dtype=bool)
 
     def fit(self, req: PackRequest) -> Fit:

@@ -30,8 +30,11 @@
    can use. A pod closes the GPUs it takes to its owner's later pods, so the idle slices left
    there that would still take the pod's shape become fragment for that owner; weighted by the
    owner's share of the pods seen (its probability in the target, as any shape's), their count
-   is added to the delta. An owner's pods so go where they close the least. Pods without an
-   owner, and traces without owners, are scored as before.
+   is added to the delta. An owner's pods so go where they close the least. The other side of
+   the rule: a GPU serves each owner once, so an owner's reach is the GPUs that still fit its next
+   pod. A placement that takes the last unit another large owner fits on a GPU (one it does not
+   hold) costs that owner's share x the slices its pod asks. Pods without an owner, and traces
+   without owners, are scored as before.
 
 The window depends only on the slice granularity: a few levels for fine slices (the milli-GPU
 simulation), none for the coarse slices of real MPS/MIG nodes, where one slice already moves the
@@ -142,6 +145,29 @@ def owner_spread_change(state: ClusterState, req: PackRequest, cands: Candidates
     return np.asarray(closed.sum(axis=1), dtype=np.float64)
 
 
+def owner_reach_change(state: ClusterState, req: PackRequest, cands: Candidates,
+                       others: list[tuple[float, PackRequest]]) -> F64:
+    """Per candidate, sum over other owners of share x slices asked, for each owner whose last unit
+    on a GPU this placement takes (the GPU then holds nothing that owner's next pod fits)."""
+    n = len(cands)
+    if n == 0 or req.gpus == 0 or not others:
+        return np.zeros(n)
+    rows = state.node_units[np.unique(cands.node)].reshape(-1)  # PAD is the sentinel: never accepts
+    gid_rows = state.unit_gpu_id[rows]
+    units = cands.units  # (C, G)
+    gid = state.unit_gpu_id[units]
+    free_after = state.unit_free[units] - req.slices
+    out = np.zeros(n)
+    for share, other in others:
+        acc_rows = state.unit_accepts(other, rows)
+        on_gpu = np.bincount(gid_rows[acc_rows], minlength=state.n_gpus)[gid]  # its units per taken GPU
+        acc_u = state.unit_accepts(other, units.reshape(-1)).reshape(units.shape)
+        # an MPS unit keeps taking the other owner's pod if enough is left of it
+        last = acc_u & (on_gpu == 1) & (free_after < other.slices)
+        out += share * other.slices * last.sum(axis=1)
+    return out
+
+
 def _rank_scores(key: F64, level: F64) -> F64:
     """Map ``key`` (higher better, then ``level``) onto [0.5, 1), order preserved."""
     _, rank = np.unique(key, return_inverse=True)
@@ -157,6 +183,10 @@ COARSE_WINDOW = 0
 #: much as the slices the pod takes; at most ``SCARCITY_CAP`` times them.
 SCARCITY_GAIN = 20.0
 SCARCITY_CAP = 5.0
+#: Point 6's reach term looks at the largest other owners only, each with at least this share of the
+#: pods seen: its cost grows with their number, and a rare owner's reach moves little.
+OWNER_LIMIT = 8
+OWNER_MIN_SHARE = 0.01
 
 
 class Fragmentation(BasePolicy):
@@ -164,13 +194,14 @@ class Fragmentation(BasePolicy):
 
     def __init__(self, window: int | None = None, quantile: float = 0.005, stranding_weight: float = 1.0,
                  scarcity_gain: float = SCARCITY_GAIN, pinned_weight: float = 1.0,
-                 owner_weight: float = 1.0) -> None:
+                 owner_weight: float = 1.0, reach_weight: float = 1.0) -> None:
         self.window = window
         self.quantile = quantile
         self.stranding_weight = stranding_weight
         self.scarcity_gain = scarcity_gain
         self.pinned_weight = pinned_weight
         self.owner_weight = owner_weight
+        self.reach_weight = reach_weight
 
     def window_for(self, slices_per_gpu: int) -> int:
         """The leftover rule's window in FGD levels: as set, else by slice granularity."""
@@ -202,6 +233,9 @@ class Fragmentation(BasePolicy):
         share = mem.target.owner_share(req.owner)
         if share > 0.0 and self.owner_weight:
             delta += self.owner_weight * share * owner_spread_change(state, req, cands)
+        if self.reach_weight and req.owner:
+            others = mem.target.other_owners(req.owner, OWNER_LIMIT, OWNER_MIN_SHARE)
+            delta += self.reach_weight * owner_reach_change(state, req, cands, others)
         level = levels(sigmoid_score(delta, state.slices_per_gpu))
         out = 0.49 * level / 100.0
         if req.gpus == 0:

@@ -8,7 +8,7 @@ from gpuslice.packing.frag import TargetWorkload
 from gpuslice.packing.state import KIND_MIG, ClusterState, NodeSpec, PackRequest, UnitSpec, enumerate_candidates
 from gpuslice.policies.base import PolicyContext
 from gpuslice.policies.fgd import FragMemory
-from gpuslice.policies.fragmentation import Fragmentation, owner_spread_change
+from gpuslice.policies.fragmentation import Fragmentation, owner_reach_change, owner_spread_change
 
 from .helpers import cluster
 
@@ -71,3 +71,53 @@ def test_the_owner_term_outweighs_a_gpu_that_strands_less() -> None:
     seen = [POD] * 4
     assert _pick(Fragmentation(), state, POD, seen) == 1
     assert _pick(Fragmentation(owner_weight=0.0), state, POD, seen) == 0  # the rest of the policy alone
+
+
+def _mig(layouts: list[list[int]]) -> ClusterState:
+    """One node per layout, one MIG GPU per node with instances of those sizes."""
+    nodes = [NodeSpec(f"n{i}", 64000, 256000, "H100") for i in range(len(layouts))]
+    units = [UnitSpec(i, 0, KIND_MIG, c) for i, sizes in enumerate(layouts) for c in sizes]
+    return ClusterState(nodes, units, slices_per_gpu=7, allow_mps_multi=True)
+
+
+def test_reach_counts_the_last_unit_another_owner_fits_on_a_gpu() -> None:
+    # Node 0's GPU keeps a second 1-slice instance for the other owner, node 1's has one only.
+    state = _mig([[1, 1], [1, 2]])
+    other = PackRequest(cpu_milli=1000, gpus=1, slices=1, owner="llm-b")
+    cands = enumerate_candidates(state, POD)
+    change = owner_reach_change(state, POD, cands, [(0.25, other)])
+    np.testing.assert_allclose(change, np.where(cands.node == 1, 0.25, 0.0))
+    # A GPU that already holds the other owner was out of its reach: nothing more to lose there.
+    state.take(1, [int(state.node_units[1][1])], 2, 1000, 0, "llm-b")
+    cands = enumerate_candidates(state, POD)
+    np.testing.assert_allclose(owner_reach_change(state, POD, cands, [(0.25, other)]), 0.0)
+
+
+def test_reach_on_mps_counts_only_what_the_other_owner_no_longer_fits() -> None:
+    # 3 free slices: a 1-slice pod leaves 2, where a 2-slice owner still fits and a 3-slice one not.
+    state = cluster([[3]], slices=7)
+    cands = enumerate_candidates(state, POD)
+    two = PackRequest(cpu_milli=1000, gpus=1, slices=2, owner="llm-2")
+    three = PackRequest(cpu_milli=1000, gpus=1, slices=3, owner="llm-3")
+    np.testing.assert_allclose(owner_reach_change(state, POD, cands, [(0.5, two), (0.1, three)]), [0.3])
+
+
+def test_other_owners_are_the_largest_single_gpu_ones_but_the_pods_own() -> None:
+    target = TargetWorkload()
+    pods = ([POD] * 5 + [PackRequest(gpus=1, slices=2, owner="b")] * 3 + [PackRequest(gpus=1, slices=3, owner="c")]
+            + [PackRequest(gpus=2, slices=7, owner="multi")] * 4 + [PackRequest(cpu_milli=10)] * 87)
+    for r in pods:
+        target.observe(r)
+    assert [(s, r.owner) for s, r in target.other_owners("llm-a", 8, 0.01)] == [(0.03, "b"), (0.01, "c")]
+    assert [r.owner for _, r in target.other_owners("llm-a", 1, 0.01)] == ["b"]
+    assert [r.owner for _, r in target.other_owners("llm-a", 8, 0.02)] == ["b"]
+    assert [r.owner for _, r in target.other_owners("b", 8, 0.01)] == ["llm-a", "c"]
+
+
+def test_unit_accepts_on_rows_matches_the_full_vector() -> None:
+    state = _mig([[1, 1, 2], [1, 2, 4], [7]])
+    state.take(0, [0], 1, 1000, 0, "llm-a")
+    rows = np.array([5, 0, 3, -1, 2, 6, 1, 4], dtype=np.int64)
+    for req in (POD, PackRequest(gpus=1, slices=2), PackRequest(gpus=1, slices=7, gpu_memory_mib=1),
+                PackRequest(gpus=1, slices=1, owner="llm-b", isolation="mps")):
+        np.testing.assert_array_equal(state.unit_accepts(req, rows), state.unit_accepts(req)[rows])
