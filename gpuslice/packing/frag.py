@@ -47,6 +47,10 @@ B = NDArray[np.bool_]
 #: "any" for the paper's memory-blind rule.
 ShapeKey = tuple[int, int, int, frozenset[str] | None, int, str]
 
+#: Owners whose expected next request a target keeps (:meth:`TargetWorkload.other_owners` draws on
+#: them); the policy looks at fewer.
+TRACKED_OWNERS = 16
+
 ISOLATION_CODES = {"any": 0, "mig": 1, "mps": 2}
 
 
@@ -69,7 +73,10 @@ class TargetWorkload:
     #: GPU pods seen per owner (ReplicaSet, StatefulSet): the owner-spread rule makes an owner part
     #: of what a pod can use, and the owner's share of the pods is its weight (``owner_share``).
     owners: dict[str, int] = field(default_factory=dict)
-    #: The last GPU request seen per owner: what its next pod is expected to ask.
+    #: The ``TRACKED_OWNERS`` largest owners (their counts) and the last GPU request each made (what
+    #: its next pod is expected to ask): kept as pods arrive, so a decision never scans every
+    #: owner a long-lived cluster has seen. Exact, since counts only grow.
+    top_owners: dict[str, int] = field(default_factory=dict)
     owner_requests: dict[str, PackRequest] = field(default_factory=dict)
 
     def key(self, req: PackRequest) -> ShapeKey:
@@ -86,16 +93,28 @@ class TargetWorkload:
             self.gpu_memory += req.memory_mib
             self.gpu_slices += req.gpus * req.slices
             if req.owner:
-                self.owners[req.owner] = self.owners.get(req.owner, 0) + 1
-                self.owner_requests[req.owner] = req
+                self._count_owner(req)
+
+    def _count_owner(self, req: PackRequest) -> None:
+        n = self.owners.get(req.owner, 0) + 1
+        self.owners[req.owner] = n
+        top = self.top_owners
+        if req.owner not in top and len(top) >= TRACKED_OWNERS:
+            smallest = min(top, key=top.__getitem__)
+            if top[smallest] >= n:
+                return
+            del top[smallest], self.owner_requests[smallest]
+        top[req.owner] = n
+        self.owner_requests[req.owner] = req
 
     def other_owners(self, owner: str, limit: int, min_share: float) -> list[tuple[float, PackRequest]]:
         """(share, expected request) of the ``limit`` largest single-GPU owners other than ``owner``
-        with at least ``min_share`` of the pods seen, largest first."""
+        with at least ``min_share`` of the pods seen, largest first, among the tracked ones."""
         if self.seen == 0:
             return []
         floor = min_share * self.seen
-        big = [(n, o) for o, n in self.owners.items() if n >= floor and o != owner and self.owner_requests[o].gpus == 1]
+        big = [(n, o) for o, n in self.top_owners.items()
+               if n >= floor and o != owner and self.owner_requests[o].gpus == 1]
         big.sort(key=lambda no: (-no[0], no[1]))
         return [(n / self.seen, self.owner_requests[o]) for n, o in big[:limit]]
 
@@ -119,7 +138,7 @@ class TargetWorkload:
             kept[key] = n
             covered += n
         return cls(kept, covered, gpu_memory=full.gpu_memory, gpu_slices=full.gpu_slices, owners=full.owners,
-                   owner_requests=full.owner_requests)
+                   top_owners=full.top_owners, owner_requests=full.owner_requests)
 
     def fractional_threshold(self, quantile: float, slices_per_gpu: int) -> int:
         """Slices k such that ``quantile`` of the fractional pods seen ask k or fewer (0 if none)."""

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuslice.packing.frag import TargetWorkload
+from gpuslice.packing.frag import TRACKED_OWNERS, TargetWorkload
 from gpuslice.packing.state import KIND_MIG, ClusterState, NodeSpec, PackRequest, UnitSpec, enumerate_candidates
 from gpuslice.policies.base import PolicyContext
 from gpuslice.policies.fgd import FragMemory
-from gpuslice.policies.fragmentation import Fragmentation, owner_reach_change, owner_spread_change
+from gpuslice.policies.fragmentation import OWNER_LIMIT, Fragmentation, owner_reach_change, owner_spread_change
 
 from .helpers import cluster
 
@@ -121,3 +121,20 @@ def test_unit_accepts_on_rows_matches_the_full_vector() -> None:
     for req in (POD, PackRequest(gpus=1, slices=2), PackRequest(gpus=1, slices=7, gpu_memory_mib=1),
                 PackRequest(gpus=1, slices=1, owner="llm-b", isolation="mps")):
         np.testing.assert_array_equal(state.unit_accepts(req, rows), state.unit_accepts(req)[rows])
+
+
+def test_the_tracked_owners_are_the_largest_however_many_owners_come_and_go() -> None:
+    # 40 owners with distinct final counts, their pods interleaved in a shuffled order: the target
+    # keeps exactly the TRACKED_OWNERS largest, each with its latest request, and no others.
+    rng = np.random.default_rng(7)
+    arrivals = [f"rs-{i:02d}" for i in range(40) for _ in range(i + 1)]
+    rng.shuffle(arrivals)
+    target = TargetWorkload()
+    for n, owner in enumerate(arrivals):
+        target.observe(PackRequest(cpu_milli=n, gpus=1, slices=1, owner=owner))
+    largest = {f"rs-{i:02d}" for i in range(40 - TRACKED_OWNERS, 40)}
+    assert set(target.top_owners) == largest == set(target.owner_requests)
+    assert all(target.top_owners[o] == target.owners[o] for o in largest)
+    last = {o: n for n, o in enumerate(arrivals)}
+    assert all(target.owner_requests[o].cpu_milli == last[o] for o in largest)
+    assert OWNER_LIMIT < TRACKED_OWNERS  # the policy asks for fewer owners than the target keeps
