@@ -320,12 +320,9 @@ class ClusterState:
         """Units (length n_units + 1, sentinel False) a request's per-GPU part could go on; with
         ``rows`` (unit rows, the sentinel allowed), only those, in that order."""
         k = req.slices
-        if rows is None:
-            kind, cap, free = self.unit_kind, self.unit_cap, self.unit_free
-            usable, mem = self.unit_usable, self.unit_mem
-        else:
-            kind, cap, free = self.unit_kind[rows], self.unit_cap[rows], self.unit_free[rows]
-            usable, mem = self.unit_usable[rows], self.unit_mem[rows]
+        at: slice | I64 = slice(None) if rows is None else rows
+        kind, cap, free = self.unit_kind[at], self.unit_cap[at], self.unit_free[at]
+        usable, mem = self.unit_usable[at], self.unit_mem[at]
         if req.gpus <= 1:
             ok = usable & (free >= k) & ((kind == KIND_MPS) | (cap == k))
         else:
@@ -339,15 +336,9 @@ class ClusterState:
             share = np.where(kind == KIND_MPS, mps_share_mib(mem, k, cap), mem)
             ok &= np.asarray(memory_floor_met(share, req.gpu_memory_mib, self.memory_tolerance), dtype=bool)
         if req.owner:
-            if rows is None:
-                taken = self.owner_units(req.owner)
-                if taken:
-                    ok = ok.copy()
-                    ok[np.array(taken, dtype=np.int64)] = False
-            else:
-                gpus = self.owner_gpus(req.owner)
-                if gpus:
-                    ok &= ~np.isin(self.unit_gpu_id[rows], np.array(gpus, dtype=np.int64))
+            gpus = self.owner_gpus(req.owner)
+            if gpus:  # the sentinel's GPU id is -1, never an owner's
+                ok &= ~np.isin(self.unit_gpu_id[at], np.array(gpus, dtype=np.int64))
         return np.asarray(ok, dtype=bool)
 
     def fit(self, req: PackRequest) -> Fit:
