@@ -125,6 +125,13 @@ def host_stranding_change(state: ClusterState, req: PackRequest, cands: Candidat
     return np.asarray(after - before, dtype=np.float64)
 
 
+def _candidate_node_units(state: ClusterState, cands: Candidates) -> tuple[I64, I64]:
+    """Unit rows of the candidates' nodes and their GPU ids: every unit on a GPU a candidate takes
+    (PAD rows are the sentinel, which accepts nothing)."""
+    rows = state.node_units[np.unique(cands.node)].reshape(-1)
+    return rows, state.unit_gpu_id[rows]
+
+
 def owner_spread_change(state: ClusterState, req: PackRequest, cands: Candidates) -> F64:
     """Idle slices that would still take the pod's shape, left on the GPUs each candidate takes:
     the owner-spread rule closes them to the pod's owner (0 for a pod without an owner)."""
@@ -133,10 +140,10 @@ def owner_spread_change(state: ClusterState, req: PackRequest, cands: Candidates
         return np.zeros(n)
     # The candidates' GPUs hold no pod of this owner (the rule refused those), so acceptance there
     # with the rule equals acceptance of the shape alone.
-    m = state.n_units
-    accepts = state.unit_accepts(req)[:m]
-    open_free = np.where(accepts, state.unit_free[:m], 0).astype(np.float64)
-    per_gpu = np.bincount(state.unit_gpu_id[:m], weights=open_free, minlength=state.n_gpus)
+    rows, gid_rows = _candidate_node_units(state, cands)
+    accepts = state.unit_accepts(req, rows)  # never the sentinel, whose GPU id is -1
+    per_gpu = np.bincount(gid_rows[accepts], weights=state.unit_free[rows][accepts].astype(np.float64),
+                          minlength=state.n_gpus)
     units = cands.units
     free = state.unit_free[units].astype(np.float64)
     left = free - req.slices
@@ -152,8 +159,7 @@ def owner_reach_change(state: ClusterState, req: PackRequest, cands: Candidates,
     n = len(cands)
     if n == 0 or req.gpus == 0 or not others:
         return np.zeros(n)
-    rows = state.node_units[np.unique(cands.node)].reshape(-1)  # PAD is the sentinel: never accepts
-    gid_rows = state.unit_gpu_id[rows]
+    rows, gid_rows = _candidate_node_units(state, cands)
     units = cands.units  # (C, G)
     gid = state.unit_gpu_id[units]
     free_after = state.unit_free[units] - req.slices
