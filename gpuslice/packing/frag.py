@@ -73,10 +73,9 @@ class TargetWorkload:
     #: GPU pods seen per owner (ReplicaSet, StatefulSet): the owner-spread rule makes an owner part
     #: of what a pod can use, and the owner's share of the pods is its weight (``owner_share``).
     owners: dict[str, int] = field(default_factory=dict)
-    #: The ``TRACKED_OWNERS`` largest owners (their counts) and the last GPU request each made (what
-    #: its next pod is expected to ask): kept as pods arrive, so a decision never scans every
-    #: owner a long-lived cluster has seen. Exact, since counts only grow.
-    top_owners: dict[str, int] = field(default_factory=dict)
+    #: The last GPU request (what its next pod is expected to ask) of each of the ``TRACKED_OWNERS``
+    #: largest owners, and of no other: kept as pods arrive, so a decision never scans every owner a
+    #: long-lived cluster has seen. Exact, since counts only grow.
     owner_requests: dict[str, PackRequest] = field(default_factory=dict)
 
     def key(self, req: PackRequest) -> ShapeKey:
@@ -98,14 +97,13 @@ class TargetWorkload:
     def _count_owner(self, req: PackRequest) -> None:
         n = self.owners.get(req.owner, 0) + 1
         self.owners[req.owner] = n
-        top = self.top_owners
-        if req.owner not in top and len(top) >= TRACKED_OWNERS:
-            smallest = min(top, key=top.__getitem__)
-            if top[smallest] >= n:
+        tracked = self.owner_requests
+        if req.owner not in tracked and len(tracked) >= TRACKED_OWNERS:
+            smallest = min(tracked, key=self.owners.__getitem__)
+            if self.owners[smallest] >= n:
                 return
-            del top[smallest], self.owner_requests[smallest]
-        top[req.owner] = n
-        self.owner_requests[req.owner] = req
+            del tracked[smallest]
+        tracked[req.owner] = req
 
     def other_owners(self, owner: str, limit: int, min_share: float) -> list[tuple[float, PackRequest]]:
         """(share, expected request) of the ``limit`` largest single-GPU owners other than ``owner``
@@ -113,8 +111,8 @@ class TargetWorkload:
         if self.seen == 0:
             return []
         floor = min_share * self.seen
-        big = [(n, o) for o, n in self.top_owners.items()
-               if n >= floor and o != owner and self.owner_requests[o].gpus == 1]
+        big = [(self.owners[o], o) for o, r in self.owner_requests.items()
+               if self.owners[o] >= floor and o != owner and r.gpus == 1]
         big.sort(key=lambda no: (-no[0], no[1]))
         return [(n / self.seen, self.owner_requests[o]) for n, o in big[:limit]]
 
@@ -138,7 +136,7 @@ class TargetWorkload:
             kept[key] = n
             covered += n
         return cls(kept, covered, gpu_memory=full.gpu_memory, gpu_slices=full.gpu_slices, owners=full.owners,
-                   top_owners=full.top_owners, owner_requests=full.owner_requests)
+                   owner_requests=full.owner_requests)
 
     def fractional_threshold(self, quantile: float, slices_per_gpu: int) -> int:
         """Slices k such that ``quantile`` of the fractional pods seen ask k or fewer (0 if none)."""
