@@ -35,6 +35,11 @@
    pod. A placement that takes the last unit another large owner fits on a GPU (one it does not
    hold) costs that owner's share x the slices its pod asks. Pods without an owner, and traces
    without owners, are scored as before.
+7. A full unit leaves no fragment whichever unit it is, so FGD cannot tell a whole GPU, which only
+   whole-GPU pods can use, from an idle MPS GPU, which any pod could share. A pod that uses up an
+   idle unit pays its slices x the unit's *versatility* (the probability that a learned shape
+   could use it when empty), less the cheapest candidate's cost (:mod:`_slice_terms`); the same
+   for every candidate where all units are alike (the openb traces).
 
 The window depends only on the slice granularity: a few levels for fine slices (the milli-GPU
 simulation), none for the coarse slices of real MPS/MIG nodes, where one slice already moves the
@@ -200,7 +205,7 @@ class Fragmentation(BasePolicy):
 
     def __init__(self, window: int | None = None, quantile: float = 0.005, stranding_weight: float = 1.0,
                  scarcity_gain: float = SCARCITY_GAIN, pinned_weight: float = 1.0,
-                 owner_weight: float = 1.0, reach_weight: float = 1.0) -> None:
+                 owner_weight: float = 1.0, reach_weight: float = 1.0, versatility_weight: float = 1.0) -> None:
         self.window = window
         self.quantile = quantile
         self.stranding_weight = stranding_weight
@@ -208,6 +213,7 @@ class Fragmentation(BasePolicy):
         self.pinned_weight = pinned_weight
         self.owner_weight = owner_weight
         self.reach_weight = reach_weight
+        self.versatility_weight = versatility_weight
 
     def window_for(self, slices_per_gpu: int) -> int:
         """The leftover rule's window in FGD levels: as set, else by slice granularity."""
@@ -230,6 +236,9 @@ class Fragmentation(BasePolicy):
             return np.zeros(0)
         stranded = slice_terms.mig_stranded_change(state, req, cands)  # 0 off MIG (openb: always)
         delta = frag_delta(state, req, cands, mem) + slice_terms.MIG_WEIGHT * stranded
+        if self.versatility_weight:
+            shapes = mem.current(state)
+            delta += self.versatility_weight * slice_terms.versatility_change(state, req, cands, shapes)
         ratios, pinned = mem.product_loads(state)
         delta += product_scarcity(state, req, cands, ratios, pinned, self.scarcity_gain, self.pinned_weight)
         if self.stranding_weight:
