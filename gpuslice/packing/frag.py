@@ -285,6 +285,17 @@ class TargetShapes:
                    cpu_per_slice, workload.gpu_memory / workload.gpu_slices if workload.gpu_slices else 0.0)
 
 
+def unit_versatility(cap: I64, kind: I64, mem: I64, t: TargetShapes) -> F64:
+    """Per unit: the probability that a GPU shape of the target passes its unit test on the unit
+    when empty (CPU-only shapes use no unit and are left out)."""
+    gpu = t.gpus > 0
+    if not gpu.any():
+        return np.zeros(cap.shape[0])
+    counts = np.bincount(t.kidx[gpu], weights=t.p[gpu], minlength=len(t.tests))
+    p_test = counts.astype(np.float64) / float(counts.sum())
+    return np.asarray(accepts(cap, kind, cap, mem, t.tests) @ p_test, dtype=np.float64)
+
+
 def unit_stats(free: I64, kind: I64, cap: I64, mem: I64, tests: Tests) -> tuple[I64, I64, I64]:
     """Per row of a free matrix (B x W): accepting-unit counts and non-accepting idle sums (B x T), idle total."""
     fr = np.maximum(free, 0)
@@ -326,6 +337,7 @@ class FragCache:
         self.sub: I64 = np.zeros((0, 0), dtype=np.int64)
         self.total: I64 = np.zeros(0, dtype=np.int64)
         self.after: dict[tuple[int, int, int], tuple[I64, F64]] = {}
+        self.versatility: F64 | None = None
 
     def sync(self, state: ClusterState, shapes: TargetShapes, version: int) -> None:
         """Drop everything when the state object or the target distribution changed."""
@@ -342,6 +354,7 @@ class FragCache:
             self.sub = np.zeros((n, k), dtype=np.int64)
             self.total = np.zeros(n, dtype=np.int64)
             self.after = {}
+            self.versatility = None
         # Multi-GPU shapes may take free MPS GPUs only where the state allows it (the openb replay).
         shapes.tests.mps_multi = state.allow_mps_multi
         shapes.tests.tolerance = state.memory_tolerance
@@ -359,6 +372,14 @@ class FragCache:
                                                  state.node_product[stale], self.shapes)
             self.node_ver[stale] = state.node_version[stale]
         return self.before
+
+    def unit_versatility(self, state: ClusterState) -> F64:
+        """:func:`unit_versatility` of every unit row (the sentinel's is 0), kept until the layout
+        or the target changes."""
+        assert self.shapes is not None
+        if self.versatility is None or self.versatility.shape[0] != state.unit_cap.shape[0]:
+            self.versatility = unit_versatility(state.unit_cap, state.unit_kind, state.unit_mem, self.shapes)
+        return self.versatility
 
     def after_frag(self, state: ClusterState, req: PackRequest, cands: Candidates) -> F64:
         """F(node after placing ``req`` as candidate c), per candidate."""

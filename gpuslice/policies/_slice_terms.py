@@ -17,8 +17,8 @@ FGD also cannot tell units apart by *who else could use them*. A full unit leave
 whichever it is, so a whole-GPU pod on a mixed node is as welcome on an idle MPS GPU (which any
 small pod could share) as on a whole-GPU unit (which only whole-GPU pods can take). The
 *versatility* of a unit is the probability that a learned GPU shape passes its unit test on the
-unit when empty (:func:`gpuslice.packing.frag.accepts` with free = capacity: kind, size, memory
-floor, isolation). A pod that takes an idle unit whole (a whole GPU, an idle MPS GPU, a MIG
+unit when empty (:func:`gpuslice.packing.frag.unit_versatility`: kind, size, memory floor,
+isolation). A pod that takes an idle unit whole (a whole GPU, an idle MPS GPU, a MIG
 instance of exactly its size) uses it up for every other shape; a placement costs the slices of
 the units it so uses up x their versatility, less the cheapest candidate's cost, so the pod uses up
 the units the fewest other shapes could use. A share of an MPS GPU leaves the rest of it to the
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuslice.packing.frag import TargetShapes, accepts
 from gpuslice.packing.state import KIND_MIG, Candidates, ClusterState, PackRequest
 from gpuslice.policies.base import F64
 
@@ -55,20 +54,16 @@ def mig_stranded_change(state: ClusterState, req: PackRequest, cands: Candidates
     return np.asarray(np.where(mig, change, 0.0), dtype=np.float64)
 
 
-def versatility_change(state: ClusterState, req: PackRequest, cands: Candidates, shapes: TargetShapes) -> F64:
-    """Slices taken x the versatility of the units the pod takes whole, less the candidates' least."""
+def versatility_change(state: ClusterState, req: PackRequest, cands: Candidates, versatility: F64) -> F64:
+    """Slices taken x the versatility (per unit row, :func:`gpuslice.packing.frag.unit_versatility`)
+    of the units the pod takes whole, less the candidates' least."""
     n = len(cands)
-    gpu = shapes.gpus > 0
-    if req.gpus == 0 or n == 0 or not gpu.any():
+    if req.gpus == 0 or n == 0:
         return np.zeros(n)
     units = cands.units  # (C, G)
     cap = state.unit_cap[units]
     whole = (state.unit_free[units] == cap) & (cap == req.slices)  # emptied by the pod, unused before
     if not whole.any():
         return np.zeros(n)
-    # probability of each distinct unit test among the GPU shapes (CPU-only pods use no unit)
-    counts = np.bincount(shapes.kidx[gpu], weights=shapes.p[gpu], minlength=len(shapes.tests))
-    p_test = counts.astype(np.float64) / float(counts.sum())
-    ok = accepts(cap, state.unit_kind[units], cap, state.unit_mem[units], shapes.tests)  # (C, G, T)
-    cost = np.where(whole, ok @ p_test, 0.0).sum(axis=1) * float(req.slices)
+    cost = np.where(whole, versatility[units], 0.0).sum(axis=1) * float(req.slices)
     return np.asarray(cost - cost.min(), dtype=np.float64)

@@ -237,8 +237,8 @@ class Fragmentation(BasePolicy):
         stranded = slice_terms.mig_stranded_change(state, req, cands)  # 0 off MIG (openb: always)
         delta = frag_delta(state, req, cands, mem) + slice_terms.MIG_WEIGHT * stranded
         if self.versatility_weight:
-            shapes = mem.current(state)
-            delta += self.versatility_weight * slice_terms.versatility_change(state, req, cands, shapes)
+            versatility = mem.cache.unit_versatility(state)  # frag_delta above synced the cache
+            delta += self.versatility_weight * slice_terms.versatility_change(state, req, cands, versatility)
         ratios, pinned = mem.product_loads(state)
         delta += product_scarcity(state, req, cands, ratios, pinned, self.scarcity_gain, self.pinned_weight)
         if self.stranding_weight:

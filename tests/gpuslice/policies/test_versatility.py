@@ -45,10 +45,10 @@ def _mixed_node() -> ClusterState:
 
 
 def _change(state: ClusterState, req: PackRequest) -> tuple[list[int], list[float]]:
-    pol = Fragmentation()
-    shapes = _memory(pol, SEEN).current(state)
+    mem = _memory(Fragmentation(), SEEN)
+    mem.current(state)
     cands = enumerate_candidates(state, req)
-    change = slice_terms.versatility_change(state, req, cands, shapes)
+    change = slice_terms.versatility_change(state, req, cands, mem.cache.unit_versatility(state))
     return [int(state.unit_kind[u]) for u in cands.units[:, 0]], change.tolist()
 
 
@@ -74,8 +74,9 @@ def test_the_term_is_zero_where_every_unit_is_alike() -> None:
     seen.append(PackRequest(cpu_milli=8000, gpus=2, slices=1000))
     for req in [*seen, PackRequest(cpu_milli=1000)]:
         cands = enumerate_candidates(state, req)
-        shapes = _memory(Fragmentation(), seen).current(state)
-        assert not slice_terms.versatility_change(state, req, cands, shapes).any()
+        mem = _memory(Fragmentation(), seen)
+        mem.current(state)
+        assert not slice_terms.versatility_change(state, req, cands, mem.cache.unit_versatility(state)).any()
         with_term = Fragmentation().score(state, req, cands, _memory(Fragmentation(), seen))
         without = Fragmentation(versatility_weight=0.0).score(state, req, cands,
                                                               _memory(Fragmentation(versatility_weight=0.0), seen))
