@@ -1,8 +1,11 @@
-"""Tiny hand-built clusters for policy tests."""
+"""Tiny hand-built clusters for policy tests, and a fragmentation memory that has seen given pods."""
 
 from __future__ import annotations
 
-from gpuslice.packing.state import KIND_MPS, ClusterState, NodeSpec, UnitSpec
+from gpuslice.packing.state import KIND_MPS, ClusterState, NodeSpec, PackRequest, UnitSpec
+from gpuslice.policies.base import PolicyContext
+from gpuslice.policies.fgd import FragMemory
+from gpuslice.policies.fragmentation import Fragmentation
 
 
 def cluster(free: list[list[int]], *, cpu: int = 64000, products: list[str] | None = None,
@@ -12,3 +15,11 @@ def cluster(free: list[list[int]], *, cpu: int = 64000, products: list[str] | No
              for i in range(len(free))]
     units = [UnitSpec(i, g, KIND_MPS, slices, free=f) for i, row in enumerate(free) for g, f in enumerate(row)]
     return ClusterState(nodes, units, slices_per_gpu=slices, allow_mps_multi=True)
+
+
+def learned(pol: Fragmentation, seen: list[PackRequest]) -> FragMemory:
+    """A fresh memory of ``pol`` that has observed ``seen``, in order."""
+    mem: FragMemory = pol.new_memory(PolicyContext(0))
+    for r in seen:
+        pol.observe(mem, r)
+    return mem

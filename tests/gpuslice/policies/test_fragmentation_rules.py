@@ -5,27 +5,18 @@ from __future__ import annotations
 import numpy as np
 
 from gpuslice.packing.state import KIND_MPS, ClusterState, NodeSpec, PackRequest, UnitSpec, enumerate_candidates
-from gpuslice.policies.base import PolicyContext
-from gpuslice.policies.fgd import FragMemory
 from gpuslice.policies.fragmentation import Fragmentation, host_stranding_change
 
-from .helpers import cluster
+from .helpers import cluster, learned
 
 CPU_POD = PackRequest(cpu_milli=4000)
 #: A GPU pod asking 16 cores per GPU: the learned CPU per slice is 16 cores / 1000 slices.
 GPU_POD = PackRequest(cpu_milli=16000, gpus=1, slices=1000)
 
 
-def _memory(pol: Fragmentation, seen: list[PackRequest]) -> FragMemory:
-    mem: FragMemory = pol.new_memory(PolicyContext(0))
-    for r in seen:
-        pol.observe(mem, r)
-    return mem
-
-
 def pick(pol: Fragmentation, state: ClusterState, req: PackRequest, seen: list[PackRequest]) -> int:
     """Node of the highest score, ties to the lowest node index (the caller's node order)."""
-    mem = _memory(pol, seen)
+    mem = learned(pol, seen)
     cands = enumerate_candidates(state, req)
     score = pol.score(state, req, cands, mem)
     assert np.all((score >= 0) & (score < 1))
@@ -40,7 +31,7 @@ def test_cpu_only_pod_spends_cpu_that_no_idle_gpu_needs() -> None:
     seen = [GPU_POD, GPU_POD, CPU_POD]
     assert pick(Fragmentation(stranding_weight=0.0), state, CPU_POD, seen) == 0  # node order alone
     assert pick(Fragmentation(), state, CPU_POD, seen) == 1
-    shapes = _memory(Fragmentation(), seen).current(state)
+    shapes = learned(Fragmentation(), seen).current(state)
     change = host_stranding_change(state, CPU_POD, enumerate_candidates(state, CPU_POD), shapes)
     np.testing.assert_allclose(change, [250.0, 0.0, 0.0])
 
@@ -54,7 +45,7 @@ def test_a_light_gpu_pod_takes_the_gpu_that_a_cpu_poor_node_would_strand() -> No
     light = PackRequest(cpu_milli=4000, gpus=1, slices=1000)
     seen = [GPU_POD] * 3 + [light]
     cands = enumerate_candidates(state, light)
-    shapes = _memory(Fragmentation(), [GPU_POD]).current(state)
+    shapes = learned(Fragmentation(), [GPU_POD]).current(state)
     np.testing.assert_allclose(host_stranding_change(state, light, cands, shapes),
                                np.where(cands.node == 1, -750.0, 0.0))
     assert pick(Fragmentation(), state, light, seen) == 1
@@ -71,7 +62,7 @@ def test_host_memory_strands_slices_as_cpu_does() -> None:
     gpu_pod = PackRequest(cpu_milli=1000, memory_mib=16384, gpus=1, slices=1000)
     small = PackRequest(cpu_milli=1000, memory_mib=4096)
     seen = [gpu_pod] * 3 + [small]
-    shapes = _memory(Fragmentation(), seen).current(state)
+    shapes = learned(Fragmentation(), seen).current(state)
     assert shapes.memory_per_slice == 16384 / 1000
     change = host_stranding_change(state, small, enumerate_candidates(state, small), shapes)
     np.testing.assert_allclose(change, [250.0, 0.0])

@@ -6,21 +6,16 @@ import numpy as np
 
 from gpuslice.packing.frag import TRACKED_OWNERS, TargetWorkload
 from gpuslice.packing.state import KIND_MIG, ClusterState, NodeSpec, PackRequest, UnitSpec, enumerate_candidates
-from gpuslice.policies.base import PolicyContext
-from gpuslice.policies.fgd import FragMemory
 from gpuslice.policies.fragmentation import OWNER_LIMIT, Fragmentation, owner_reach_change, owner_spread_change
 
-from .helpers import cluster
+from .helpers import cluster, learned
 
 POD = PackRequest(cpu_milli=1000, memory_mib=1024, gpus=1, slices=1, owner="llm-a")
 
 
 def _pick(pol: Fragmentation, state: ClusterState, req: PackRequest, seen: list[PackRequest]) -> int:
-    mem: FragMemory = pol.new_memory(PolicyContext(0))
-    for r in seen:
-        pol.observe(mem, r)
     cands = enumerate_candidates(state, req)
-    return int(cands.node[int(np.argmax(pol.score(state, req, cands, mem)))])
+    return int(cands.node[int(np.argmax(pol.score(state, req, cands, learned(pol, seen))))])
 
 
 def test_mps_gpu_left_open_to_the_shape_is_closed_to_the_owner() -> None:

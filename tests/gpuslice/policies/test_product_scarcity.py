@@ -11,10 +11,8 @@ from hypothesis import strategies as st
 
 from gpuslice.packing.scarcity import load_ratios
 from gpuslice.packing.state import ClusterState, PackRequest, enumerate_candidates
-from gpuslice.policies.base import PolicyContext
-from gpuslice.policies.fgd import FragMemory
 from gpuslice.policies.fragmentation import Fragmentation
-from tests.gpuslice.policies.helpers import cluster
+from tests.gpuslice.policies.helpers import cluster, learned
 
 
 @settings(max_examples=60, deadline=None)
@@ -53,13 +51,6 @@ def test_a_product_asked_for_beyond_its_share_is_loaded_above_the_rest() -> None
     np.testing.assert_allclose(ratios, [2.5, 0.625])
 
 
-def _learned(pol: Fragmentation, seen: list[PackRequest]) -> FragMemory:
-    mem: FragMemory = pol.new_memory(PolicyContext(0))
-    for r in seen:
-        pol.observe(mem, r)
-    return mem
-
-
 ANY = PackRequest(cpu_milli=1000, gpus=1, slices=500)
 T4_ONLY = PackRequest(cpu_milli=1000, gpus=1, slices=500, products=frozenset({"T4"}))
 G2_ONLY = PackRequest(cpu_milli=1000, gpus=1, slices=500, products=frozenset({"G2"}))
@@ -78,20 +69,20 @@ def test_an_unpinned_pod_leaves_the_product_that_pinned_pods_need() -> None:
     cands = enumerate_candidates(state, ANY)
     t4 = np.asarray(cands.node) == 3
     on = Fragmentation()
-    score = on.score(state, ANY, cands, _learned(on, SEEN))
+    score = on.score(state, ANY, cands, learned(on, SEEN))
     assert score[~t4].min() > score[t4].max()
     off = Fragmentation(scarcity_gain=0.0, pinned_weight=0.0)  # without the terms every node scores alike
-    plain = off.score(state, ANY, cands, _learned(off, SEEN))
+    plain = off.score(state, ANY, cands, learned(off, SEEN))
     assert plain.min() == plain.max()
 
 
 def test_pinned_pods_and_unpinned_workloads_are_scored_as_without_the_term() -> None:
     state = _two_products()
-    for req, learned in ((T4_ONLY, SEEN), (ANY, [ANY] * 10)):
+    for req, seen in ((T4_ONLY, SEEN), (ANY, [ANY] * 10)):
         cands = enumerate_candidates(state, req)
         on, off = Fragmentation(), Fragmentation(scarcity_gain=0.0, pinned_weight=0.0)
-        a = on.score(state, req, cands, _learned(on, learned))
-        b = off.score(state, req, cands, _learned(off, learned))
+        a = on.score(state, req, cands, learned(on, seen))
+        b = off.score(state, req, cands, learned(off, seen))
         assert np.array_equal(a, b)
 
 
@@ -103,11 +94,11 @@ def test_at_equal_loads_an_unpinned_pod_leaves_the_product_whose_capacity_pinned
     cands = enumerate_candidates(state, ANY)
     t4 = np.asarray(cands.node) == 3
     pol = Fragmentation()
-    mem = _learned(pol, seen)
+    mem = learned(pol, seen)
     score = pol.score(state, ANY, cands, mem)
     np.testing.assert_allclose(mem.loads.ratios, 1.0)
     np.testing.assert_allclose(mem.loads.pinned, [0.8 / 6, 0.8 / 2])
     assert score[~t4].min() > score[t4].max()
     off = Fragmentation(pinned_weight=0.0)
-    plain = off.score(state, ANY, cands, _learned(off, seen))
+    plain = off.score(state, ANY, cands, learned(off, seen))
     assert plain.min() == plain.max()

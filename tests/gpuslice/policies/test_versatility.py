@@ -18,23 +18,15 @@ from gpuslice.packing.state import (
 from gpuslice.policies import _slice_terms as slice_terms
 from gpuslice.policies import registry
 from gpuslice.policies.base import PolicyContext
-from gpuslice.policies.fgd import FragMemory
 from gpuslice.policies.fragmentation import Fragmentation
 
-from .helpers import cluster
+from .helpers import cluster, learned
 
 GIB = 1024
 SMALL = PackRequest(cpu_milli=1000, gpus=1, slices=1)
 WHOLE = PackRequest(cpu_milli=1000, gpus=1, slices=7)
 #: Three small pods for one whole-GPU pod: a small shape is 3/4 of the GPU pods seen.
 SEEN = [SMALL, SMALL, SMALL, WHOLE]
-
-
-def _memory(pol: Fragmentation, seen: list[PackRequest]) -> FragMemory:
-    mem: FragMemory = pol.new_memory(PolicyContext(0))
-    for r in seen:
-        pol.observe(mem, r)
-    return mem
 
 
 def _mixed_node() -> ClusterState:
@@ -45,7 +37,7 @@ def _mixed_node() -> ClusterState:
 
 
 def _change(state: ClusterState, req: PackRequest) -> tuple[list[int], list[float]]:
-    mem = _memory(Fragmentation(), SEEN)
+    mem = learned(Fragmentation(), SEEN)
     mem.current(state)
     cands = enumerate_candidates(state, req)
     change = slice_terms.versatility_change(state, req, cands, mem.cache.unit_versatility(state))
@@ -74,12 +66,12 @@ def test_the_term_is_zero_where_every_unit_is_alike() -> None:
     seen.append(PackRequest(cpu_milli=8000, gpus=2, slices=1000))
     for req in [*seen, PackRequest(cpu_milli=1000)]:
         cands = enumerate_candidates(state, req)
-        mem = _memory(Fragmentation(), seen)
+        mem = learned(Fragmentation(), seen)
         mem.current(state)
         assert not slice_terms.versatility_change(state, req, cands, mem.cache.unit_versatility(state)).any()
-        with_term = Fragmentation().score(state, req, cands, _memory(Fragmentation(), seen))
+        with_term = Fragmentation().score(state, req, cands, learned(Fragmentation(), seen))
         without = Fragmentation(versatility_weight=0.0).score(state, req, cands,
-                                                              _memory(Fragmentation(versatility_weight=0.0), seen))
+                                                              learned(Fragmentation(versatility_weight=0.0), seen))
         np.testing.assert_array_equal(with_term, without)
 
 
