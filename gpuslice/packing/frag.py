@@ -249,6 +249,9 @@ class TargetShapes:
     groups: GroupTable
     cpu_per_slice: float = 0.0  # CPU (millicores) the GPU shapes ask per slice, by probability
     memory_per_slice: float = 0.0  # host memory (MiB) the GPU pods seen ask per slice
+    #: Index k: CPU per slice of the GPU shapes that ask exactly k slices per GPU (the pods a MIG
+    #: instance or whole GPU of capacity k can host), ``cpu_per_slice`` where no shape asks k.
+    cpu_per_slice_at: F64 = field(default_factory=lambda: np.zeros(1))
 
     @property
     def kvals(self) -> I64:
@@ -281,8 +284,14 @@ class TargetShapes:
         idle_mass = float(p[gpus == 0].sum()) if m else 0.0
         g = gpus > 0
         cpu_per_slice = float((p[g] * cpu[g]).sum()) / max(float((p[g] * gpus[g] * slices[g]).sum()), 1e-9)
+        top = int(slices[g].max()) if g.any() else 0
+        weight = np.bincount(slices[g], weights=p[g], minlength=top + 1)
+        per_gpu = np.bincount(slices[g], weights=p[g] * cpu[g] / np.maximum(gpus[g], 1), minlength=top + 1)
+        at = np.full(top + 1, cpu_per_slice)
+        asked = (weight > 0) & (np.arange(top + 1) > 0)
+        at[asked] = per_gpu[asked] / weight[asked] / np.flatnonzero(asked)
         return cls(cpu, slices, gpus, prod_ok, p, tests, kidx, idle_mass, GroupTable.build(kidx, gpus, prod_ok, cpu, p),
-                   cpu_per_slice, workload.gpu_memory / workload.gpu_slices if workload.gpu_slices else 0.0)
+                   cpu_per_slice, workload.gpu_memory / workload.gpu_slices if workload.gpu_slices else 0.0, at)
 
 
 def unit_versatility(cap: I64, kind: I64, mem: I64, t: TargetShapes) -> F64:
@@ -294,6 +303,20 @@ def unit_versatility(cap: I64, kind: I64, mem: I64, t: TargetShapes) -> F64:
     counts = np.bincount(t.kidx[gpu], weights=t.p[gpu], minlength=len(t.tests))
     p_test = counts.astype(np.float64) / float(counts.sum())
     return np.asarray(accepts(cap, kind, cap, mem, t.tests) @ p_test, dtype=np.float64)
+
+
+def cpu_need(free: I64, kind: I64, cap: I64, t: TargetShapes) -> F64:
+    """CPU (millicores) the pods that would fill each unit's free slices ask, in expectation.
+
+    An MPS GPU's free slices go to pods of any size, so they need the GPU shapes' CPU per slice; an
+    idle MIG instance or whole GPU goes to one pod of exactly its size, whose CPU per slice can be
+    far from the average (small instances hosting pods that each ask a fixed CPU amount); a used
+    one has nothing free."""
+    fr = np.maximum(free, 0)
+    whole = (kind != KIND_MPS) & (fr == cap) & (cap > 0)
+    rate = np.where(whole, t.cpu_per_slice_at[np.clip(cap, 0, t.cpu_per_slice_at.shape[0] - 1)], t.cpu_per_slice)
+    rate = np.where(whole & (cap >= t.cpu_per_slice_at.shape[0]), t.cpu_per_slice, rate)
+    return np.asarray(fr * rate, dtype=np.float64)
 
 
 def unit_stats(free: I64, kind: I64, cap: I64, mem: I64, tests: Tests) -> tuple[I64, I64, I64]:
@@ -336,6 +359,7 @@ class FragCache:
         self.cnt: I64 = np.zeros((0, 0), dtype=np.int64)
         self.sub: I64 = np.zeros((0, 0), dtype=np.int64)
         self.total: I64 = np.zeros(0, dtype=np.int64)
+        self.need: F64 = np.zeros(0)
         self.after: dict[tuple[int, int, int], tuple[I64, F64]] = {}
         self.versatility: F64 | None = None
 
@@ -353,6 +377,7 @@ class FragCache:
             self.cnt = np.zeros((n, k), dtype=np.int64)
             self.sub = np.zeros((n, k), dtype=np.int64)
             self.total = np.zeros(n, dtype=np.int64)
+            self.need = np.zeros(n)
             self.after = {}
             self.versatility = None
         # Multi-GPU shapes may take free MPS GPUs only where the state allows it (the openb replay).
@@ -368,6 +393,7 @@ class FragCache:
             cnt, sub, total = unit_stats(free, state.kind_m[stale], state.cap_m[stale], state.mem_m[stale],
                                          self.shapes.tests)
             self.cnt[stale], self.sub[stale], self.total[stale] = cnt, sub, total
+            self.need[stale] = cpu_need(free, state.kind_m[stale], state.cap_m[stale], self.shapes).sum(axis=1)
             self.before[stale] = frag_from_stats(cnt, sub, total, state.node_cpu_free[stale],
                                                  state.node_product[stale], self.shapes)
             self.node_ver[stale] = state.node_version[stale]

@@ -9,12 +9,15 @@
    strands the rest of it; the stranded-slice change (:mod:`_slice_terms`) is added to the FGD
    delta, and which instance sizes count as usable comes from the learned shapes (point 1).
 3. CPU and host memory run out too. FGD counts a node's idle GPUs as fragment for a shape whose
-   CPU the node lacks; the same holds in expectation for what the node can still host: at the
-   learned GPU pods' CPU per slice, free CPU C feeds C / per-slice slices (host memory likewise),
-   and free slices beyond what the scarcer of the two feeds are stranded. The change of
-   max(0, free slices - min(CPU feeds, memory feeds)) is added to the delta (slices of stranded
-   capacity count as slices of fragment). So a CPU-only pod spends CPU that no idle GPU
-   needs, and a GPU pod goes where its CPU per slice matches what the node has left.
+   CPU the node lacks; the same holds in expectation for what the node can still host. Filling
+   the node's free units needs CPU: an MPS GPU's free slices at the learned GPU pods' CPU per
+   slice, an idle MIG instance or whole GPU the CPU of the learned pods of exactly its size (seven
+   1g instances need seven pods' CPU, one 7g instance one pod's). Free CPU C against that need N
+   feeds free x C / N slices (host memory: M / memory per slice), and free slices beyond what the
+   scarcer of the two feeds are stranded. The change of max(0, free slices - min(CPU feeds,
+   memory feeds)) is added to the delta (slices of stranded capacity count as slices of
+   fragment). So a CPU-only pod spends CPU that no idle unit needs, and a GPU pod goes where its
+   CPU matches what the node has left.
 4. Single-GPU pods: among the candidates within ``window`` levels of the best, the placement that
    most lowers sum_g N(g)^2 over MPS units with g free slices (leftovers spread over many sizes,
    so a later pod of any size finds a close fit), plus the stranded-slice change (point 2).
@@ -58,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuslice.packing.frag import I64, TargetShapes, TargetWorkload
+from gpuslice.packing.frag import I64, TargetShapes, TargetWorkload, cpu_need
 from gpuslice.packing.state import KIND_MPS, Candidates, ClusterState, PackRequest
 from gpuslice.policies import _slice_terms as slice_terms
 from gpuslice.policies.base import F64, BasePolicy, PolicyContext
@@ -106,27 +109,37 @@ def product_scarcity(state: ClusterState, req: PackRequest, cands: Candidates, r
 
 
 def host_stranding_change(state: ClusterState, req: PackRequest, cands: Candidates, shapes: TargetShapes,
-                         node_free: I64 | None = None) -> F64:
-    """Change of the node's free slices that its free CPU (or host memory) cannot feed at the
-    learned GPU pods' CPU (memory) per slice, per candidate: max(0, free - min(C / cpu per slice,
-    M / memory per slice)). ``node_free``: free slices per node if the caller has them."""
+                          node_free: I64 | None = None, node_need: F64 | None = None) -> F64:
+    """Change of the node's free slices that its free CPU (or host memory) cannot feed, per
+    candidate: max(0, free - min(free x C / need, M / memory per slice)), where ``need`` is the
+    CPU the pods filling the free units would ask (:func:`gpuslice.packing.frag.cpu_need`; free x
+    CPU per slice on MPS GPUs). ``node_free``, ``node_need``: per node, if the caller has them."""
     n = len(cands)
-    per_slice = shapes.cpu_per_slice
-    if n == 0 or per_slice <= 0:
+    if n == 0 or shapes.cpu_per_slice <= 0:
         return np.zeros(n)
     node = cands.node
-    if node_free is None:
-        node_free = state.node_free_slices()
+    if node_free is None or node_need is None:
+        fm = state.free_matrix()
+        node_free = np.maximum(fm, 0).sum(axis=1)
+        node_need = cpu_need(fm, state.kind_m, state.cap_m, shapes).sum(axis=1)
     free = node_free[node].astype(np.float64)
+    need = node_need[node]
     cpu = state.node_cpu_free[node].astype(np.float64)
-    feeds = cpu / per_slice
-    feeds_after = (cpu - req.cpu_milli) / per_slice
+    taken = float(req.gpus * req.slices)
+    need_after = need.copy()
+    if req.gpus:
+        units = cands.units
+        x, kind, cap = state.unit_free[units], state.unit_kind[units], state.unit_cap[units]
+        need_after -= (cpu_need(x, kind, cap, shapes) - cpu_need(x - req.slices, kind, cap, shapes)).sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):  # no need: nothing to feed, nothing stranded
+        feeds = np.where(need > 1e-9, free * cpu / need, np.inf)
+        feeds_after = np.where(need_after > 1e-9, (free - taken) * (cpu - req.cpu_milli) / need_after, np.inf)
     if shapes.memory_per_slice > 0:
         mem = state.node_mem_free[node].astype(np.float64)
         feeds = np.minimum(feeds, mem / shapes.memory_per_slice)
         feeds_after = np.minimum(feeds_after, (mem - req.memory_mib) / shapes.memory_per_slice)
     before = np.maximum(free - feeds, 0.0)
-    after = np.maximum(free - req.gpus * req.slices - feeds_after, 0.0)
+    after = np.maximum(free - taken - feeds_after, 0.0)
     return np.asarray(after - before, dtype=np.float64)
 
 
@@ -243,7 +256,8 @@ class Fragmentation(BasePolicy):
         delta += product_scarcity(state, req, cands, ratios, pinned, self.scarcity_gain, self.pinned_weight)
         if self.stranding_weight:
             # frag_delta above refreshed the cache's per-node idle totals (free slices, usable units)
-            stranded_host = host_stranding_change(state, req, cands, mem.current(state), mem.cache.total)
+            stranded_host = host_stranding_change(state, req, cands, mem.current(state), mem.cache.total,
+                                                  mem.cache.need)
             delta += self.stranding_weight * stranded_host
         share = mem.target.owner_share(req.owner)
         if share > 0.0 and self.owner_weight:

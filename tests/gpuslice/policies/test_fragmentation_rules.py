@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuslice.packing.state import KIND_MPS, ClusterState, NodeSpec, PackRequest, UnitSpec, enumerate_candidates
+from gpuslice.packing.state import (
+    KIND_MIG,
+    KIND_MPS,
+    ClusterState,
+    NodeSpec,
+    PackRequest,
+    UnitSpec,
+    enumerate_candidates,
+)
 from gpuslice.policies.fragmentation import Fragmentation, host_stranding_change
 
 from .helpers import cluster, learned
@@ -68,6 +76,39 @@ def test_host_memory_strands_slices_as_cpu_does() -> None:
     np.testing.assert_allclose(change, [250.0, 0.0])
     assert pick(Fragmentation(), state, small, seen) == 1
     assert pick(Fragmentation(stranding_weight=0.0), state, small, seen) == 0  # node order alone
+
+
+#: Learned on a MIG cluster: 1-slice and 7-slice pods, each asking 4 cores, one of each; 1 core
+#: per slice on average, but a 1g instance's pod asks 4 cores per slice and a 7g one's 4/7.
+SMALL_MIG = PackRequest(cpu_milli=4000, gpus=1, slices=1)
+WHOLE_MIG = PackRequest(cpu_milli=4000, gpus=1, slices=7)
+
+
+def test_cpu_per_slice_is_learned_per_unit_size() -> None:
+    state = cluster([[1000]])
+    shapes = learned(Fragmentation(), [SMALL_MIG, WHOLE_MIG]).current(state)
+    assert shapes.cpu_per_slice == 1000.0
+    np.testing.assert_allclose(shapes.cpu_per_slice_at[[1, 7]], [4000.0, 4000.0 / 7])
+    np.testing.assert_allclose(shapes.cpu_per_slice_at[[2, 3]], [1000.0, 1000.0])  # no pod asks 2 or 3
+
+
+def test_small_mig_instances_need_the_cpu_of_their_own_pods() -> None:
+    # Node 0: seven idle 1g instances and 16 cores; their pods would ask 28, so 16 cores feed 4 of
+    # the 7 slices (3 stranded). Node 1: one idle 7g instance and 16 cores, far more than its pod's
+    # 4. At the average rate (1 core per slice) node 0 would look fine. A 4-core CPU-only pod on
+    # node 0 leaves 12 cores for 7 x 4 needed: one more slice stranded; on node 1 none.
+    nodes = [NodeSpec("n0", 16000, 262144, "A100"), NodeSpec("n1", 16000, 262144, "A100")]
+    units = [UnitSpec(0, 0, KIND_MIG, 1) for _ in range(7)] + [UnitSpec(1, 0, KIND_MIG, 7)]
+    state = ClusterState(nodes, units, slices_per_gpu=7)
+    seen = [SMALL_MIG, WHOLE_MIG, CPU_POD]
+    shapes = learned(Fragmentation(), seen).current(state)
+    cands = enumerate_candidates(state, CPU_POD)
+    np.testing.assert_allclose(host_stranding_change(state, CPU_POD, cands, shapes), [1.0, 0.0])
+    assert pick(Fragmentation(), state, CPU_POD, seen) == 1
+    assert pick(Fragmentation(stranding_weight=0.0), state, CPU_POD, seen) == 0  # node order alone
+    # A 1g pod on node 0 takes its own 4 cores with its instance: 6 slices, 12 cores for 24 needed.
+    small = enumerate_candidates(state, SMALL_MIG)
+    np.testing.assert_allclose(host_stranding_change(state, SMALL_MIG, small, shapes), [0.0] * len(small))
 
 
 def test_leftover_rule_only_inside_the_window() -> None:
