@@ -286,7 +286,7 @@ class TargetShapes:
         cpu_per_slice = float((p[g] * cpu[g]).sum()) / max(float((p[g] * gpus[g] * slices[g]).sum()), 1e-9)
         top = int(slices[g].max()) if g.any() else 0
         weight = np.bincount(slices[g], weights=p[g], minlength=top + 1)
-        per_gpu = np.bincount(slices[g], weights=p[g] * cpu[g] / np.maximum(gpus[g], 1), minlength=top + 1)
+        per_gpu = np.bincount(slices[g], weights=p[g] * cpu[g] / gpus[g], minlength=top + 1)
         at = np.full(top + 1, cpu_per_slice)
         asked = (weight > 0) & (np.arange(top + 1) > 0)
         at[asked] = per_gpu[asked] / weight[asked] / np.flatnonzero(asked)
@@ -313,9 +313,9 @@ def cpu_need(free: I64, kind: I64, cap: I64, t: TargetShapes) -> F64:
     far from the average (small instances hosting pods that each ask a fixed CPU amount); a used
     one has nothing free."""
     fr = np.maximum(free, 0)
-    whole = (kind != KIND_MPS) & (fr == cap) & (cap > 0)
-    rate = np.where(whole, t.cpu_per_slice_at[np.clip(cap, 0, t.cpu_per_slice_at.shape[0] - 1)], t.cpu_per_slice)
-    rate = np.where(whole & (cap >= t.cpu_per_slice_at.shape[0]), t.cpu_per_slice, rate)
+    table = t.cpu_per_slice_at
+    sized = (kind != KIND_MPS) & (fr == cap) & (cap > 0) & (cap < table.shape[0])  # larger: no pod asks it
+    rate = np.where(sized, table[np.minimum(cap, table.shape[0] - 1)], t.cpu_per_slice)
     return np.asarray(fr * rate, dtype=np.float64)
 
 
