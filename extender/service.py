@@ -239,6 +239,13 @@ class Extender:
                 if rows:
                     m.update(np.array(rows, dtype=np.int64), np.array(values), now, st.n_units)
 
+    def _refresh_node(self, node: str) -> None:
+        """Read the node's pods afresh from the API server into the view (raises ``KubeApiError``):
+        the watch may be behind, both on pods added (kubelet admitted one) and on pods deleted."""
+        node_pods = self.binder.node_pods(node)
+        with self.lock:
+            self.view.replace_node_pods(node, node_pods, self.clock())
+
     # ----- verbs ------------------------------------------------------------------------------------
     def filter(self, args: wire.ExtenderArgs) -> wire.FilterResult:
         if not self.ready:
@@ -248,6 +255,19 @@ class Extender:
         with self.lock:
             self._learn(args.pod)
             res = self.sched.filter(args.pod, args.candidates, self.clock())
+        nominated = pods.nominated_node(args.pod)
+        if nominated and nominated in res.failed:
+            # The pod preempted on that node and kube-scheduler tries it there first. Victims the
+            # API server has deleted may still be in the view (the watch is behind), and a refusal
+            # here would make kube-scheduler, which no longer sees them, preempt again elsewhere.
+            try:
+                self._refresh_node(nominated)
+            except KubeApiError as err:
+                log.warning("filter %s: cannot read the pods of its nominated node: %s", pods.pod_label(args.pod), err)
+            else:
+                with self.lock:
+                    res = self.sched.filter(args.pod, args.candidates, self.clock())
+        with self.lock:
             self.metrics.set_reservations(len(self.view.reservations))
         if res.error:
             self.metrics.decision(self.policy_label, "unschedulable")
@@ -317,17 +337,11 @@ class Extender:
             plan = self.sched.bind_check(pod, node, self.clock(), lease_held=held, lease=self.lease_name)
         if plan.refusal and held:
             try:
-                node_pods = self.binder.node_pods(node)
+                self._refresh_node(node)
             except KubeApiError as err:
                 return wire.BindingResult(f"bind {ns}/{name}: {err}")
             with self.lock:
-                now = self.clock()
-                for p in node_pods:
-                    try:
-                        self.view.upsert_pod(p, now)
-                    except GpuSliceError:
-                        continue
-                plan = self.sched.bind_check(pod, node, now, lease_held=held, lease=self.lease_name)
+                plan = self.sched.bind_check(pod, node, self.clock(), lease_held=held, lease=self.lease_name)
         if plan.refusal:
             return wire.BindingResult(plan.refusal)
         assert plan.assignment is not None

@@ -90,6 +90,14 @@ def pod_label(pod: Mapping[str, Any]) -> str:
     return f"{ns if isinstance(ns, str) and ns else 'default'}/{name if isinstance(name, str) and name else '?'}"
 
 
+def nominated_node(pod: Mapping[str, Any]) -> str:
+    """``status.nominatedNodeName`` (set by kube-scheduler after the pod preempted there), or ``""``
+    (never raises)."""
+    status = pod.get("status") if isinstance(pod, Mapping) else None
+    name = status.get("nominatedNodeName") if isinstance(status, Mapping) else None
+    return name if isinstance(name, str) else ""
+
+
 def pod_cpu_memory(pod: Mapping[str, Any]) -> tuple[int, int]:
     """Kubernetes' pod-requests rule for CPU (millicores) and memory (MiB)."""
     spec = _obj(pod.get("spec"), "spec")

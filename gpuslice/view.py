@@ -380,6 +380,26 @@ class ClusterView:
         for name in before | set(self.by_node) | set(self.reserved_on):
             self._recompute(name)
 
+    def replace_node_pods(self, name: str, pods: Iterable[Mapping[str, Any]], now: float) -> None:
+        """A fresh read of one node's pods (a list by ``spec.nodeName``), for when the watch may be
+        behind: each pod listed is upserted, and a pod this view has bound to the node that the list
+        lacks is gone (a bound pod never changes node), so it is removed. Pods that only claim the
+        node (assigned, not yet bound) are not in such a list and are kept; a pod listed that cannot
+        be projected is left as the view had it."""
+        listed: set[str] = set()
+        for pod in pods:
+            meta = pod.get("metadata")
+            uid = meta.get("uid") if isinstance(meta, Mapping) else None
+            if isinstance(uid, str):
+                listed.add(uid)
+            try:
+                self.upsert_pod(pod, now)
+            except GpuSliceError:
+                continue
+        gone = [u for u in self.by_node.get(name, ()) if u not in listed and self.pods[u].info.node == name]
+        for uid in gone:
+            self.remove_pod(uid)
+
     def put_pod(self, info: PodInfo, now: float) -> None:
         """Insert or replace an already projected pod (preemption puts pods back this way)."""
         self._put_pod(info, now)

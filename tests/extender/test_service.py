@@ -370,6 +370,65 @@ def test_a_refusal_that_the_node_pods_confirm_is_answered(fake_api: FakeApiServe
     assert "nodeName" not in r.pod("p3")["spec"]
 
 
+def test_a_refusal_is_checked_again_when_the_watch_missed_a_deletion(fake_api: FakeApiServer,
+                                                                     live: Callable[..., Live]) -> None:
+    """The fresh read also removes: the runner on gpu-b is deleted while the view is stale."""
+    arrange(fake_api, ("p3", 3))
+    r = live()
+    r.informer.stop()
+    fake_api.store.remove("pods", "runner", NS)
+    fake_api.reset_counts()
+    assert r.bind("p3", "gpu-b") == ""
+    assert fake_api.request_count("list", "/api/v1/pods") == 1
+    assert r.ext.view.pod("uid-runner") is None
+
+
+def preemptor_after_eviction(fake_api: FakeApiServer, r: Live, nominated: str | None) -> None:
+    """kube-scheduler preempted the runner on gpu-b for p3 and deleted it; the view missed the
+    deletion (its informer stopped). p3 comes back with gpu-b as its nominated node (or none)."""
+    r.informer.stop()
+    fake_api.store.remove("pods", "runner", NS)
+    if nominated is not None:
+        fake_api.store.update_pod("p3", lambda p: p.setdefault("status", {}).update(nominatedNodeName=nominated),
+                                  namespace=NS)
+    fake_api.reset_counts()
+
+
+def test_a_preemptor_refused_on_its_nominated_node_is_checked_against_its_pods_read_afresh(
+        fake_api: FakeApiServer, live: Callable[..., Live]) -> None:
+    arrange(fake_api, ("p3", 7))
+    r = live()
+    preemptor_after_eviction(fake_api, r, "gpu-b")
+    # Asked about gpu-b alone first, as kube-scheduler does with a nominated node: a refusal here would
+    # make it preempt again elsewhere, since it no longer sees the runner.
+    res = r.filter("p3", ("gpu-b",))
+    assert res.passing == ("gpu-b",) and res.error == ""
+    assert fake_api.request_count("list", "/api/v1/pods") == 1
+    assert r.ext.view.pod("uid-runner") is None
+    assert r.bind("p3", "gpu-b") == ""
+
+
+def test_a_refusal_without_a_nominated_node_is_answered_from_the_view(fake_api: FakeApiServer,
+                                                                      live: Callable[..., Live]) -> None:
+    arrange(fake_api, ("p3", 7))
+    r = live()
+    preemptor_after_eviction(fake_api, r, None)
+    res = r.filter("p3", ("gpu-b",))
+    assert res.passing == () and "gpu-b" in res.failed
+    assert fake_api.request_count("list", "/api/v1/pods") == 0
+
+
+def test_a_failed_read_of_the_nominated_node_keeps_the_views_answer(fake_api: FakeApiServer,
+                                                                     live: Callable[..., Live]) -> None:
+    arrange(fake_api, ("p3", 7))
+    r = live()
+    preemptor_after_eviction(fake_api, r, "gpu-b")
+    fake_api.fail_next("list", "/api/v1/pods", code=500)
+    res = r.filter("p3", ("gpu-b",))
+    assert res.passing == () and res.error == "" and "gpu-b" in res.failed
+    assert r.filter("p3", ("gpu-b",)).passing == ("gpu-b",)  # the next try reads the node's pods
+
+
 def test_a_dropped_connection_is_unclear_and_undone_once_the_pod_reads_unbound(fake_api: FakeApiServer,
                                                                                live: Callable[..., Live]) -> None:
     arrange(fake_api, ("p1", 2))

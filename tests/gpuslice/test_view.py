@@ -457,6 +457,25 @@ def test_relist_matches_events_and_drops_what_is_gone() -> None:
     assert "gone" not in view.nodes and unit(view, "n1", g.uuid) == (5, True)
 
 
+def test_a_node_reread_drops_its_deleted_pods_and_keeps_claims_and_other_nodes() -> None:
+    """``replace_node_pods`` with a fresh list of n1's pods: the pod deleted meanwhile goes, the pod
+    listed with a new state is upserted, and what such a list cannot show stays (a pod assigned to
+    n1 but not bound yet, a pod of another node)."""
+    g, h = mps_gpu("n1", 0), mps_gpu("n2", 0)
+    assigned = pod_obj("claim", 1, assigned=sids(g.uuid, 1, 6), assign_node="n1", at=NOW_DT)
+    other = pod_obj("o1", 2, node="n2", assigned=sids(h.uuid, 2))
+    kept = pod_obj("u1", 2, node="n1", assigned=sids(g.uuid, 2))
+    view = ClusterView.from_objects([node_obj("n1", [g]), node_obj("n2", [h]), kept, other, assigned,
+                                     pod_obj("gone", 3, node="n1", assigned=sids(g.uuid, 3, 2))], NOW)
+    assert unit(view, "n1", g.uuid) == (1, True)
+    done = pod_obj("u1", 2, node="n1", assigned=sids(g.uuid, 2), phase="Succeeded")
+    view.replace_node_pods("n1", [done], NOW)
+    final = [node_obj("n1", [g]), node_obj("n2", [h]), done, other, assigned]
+    assert snapshot(view) == snapshot(ClusterView.from_objects(final, NOW))
+    assert view.pod("gone") is None and view.pod("claim") is not None and view.pod("o1") is not None
+    assert unit(view, "n1", g.uuid) == (6, True)
+
+
 # --------------------------------------------------------------------------- reservations and time in the mix
 
 RESERVE_UIDS = (*POD_UIDS, "r9")
