@@ -3,10 +3,16 @@ leftover rule in :mod:`gpuslice.policies.fragmentation`, which is tuned on the o
 
 FGD scores units. A MIG instance is a unit, so FGD cannot tell an instance on a GPU that already
 runs pods from one on an idle GPU, though only the latter puts one more GPU in use and strands the
-rest of it. The *stranded-slice* change of a placement on a MIG instance is:
+rest of it. But an instance is a fixed-size bin, and what an idle one is worth depends on whether
+the workload asks for its size: one of a size the learned pods ask for will be filled, one of a size
+they do not ask for stays idle on a GPU that is paid for. The *fill* of size s is the share of the
+free size-s instances that the pods expected to fill the free MIG capacity would take, min(1, E_s /
+N_s): E_s counts the learned single-GPU shapes of size s (not MPS-only) in proportion to the MIG
+sizes the cluster has, N_s the free size-s instances. A slice of a size-s instance weighs (1 - fill).
+The *stranded-slice* change of a placement on a MIG instance of size k is then:
 
-* on a GPU already in use: -k (the pod fills k idle slices that were paid for, the GPU stays one GPU);
-* on an idle GPU: (GPU's slices - k) (the other instances of that GPU are now idle on a GPU in use).
+* on a GPU already in use: -k x (1 - fill of k) (the pod fills idle slices that were paid for);
+* on an idle GPU: the weighted slices of the GPU's other idle instances, less the same.
 
 ``fragmentation`` adds it to FGD's fragment change (both in slices, weighted by ``MIG_WEIGHT``) and
 uses it again to order placements at the best level. MPS and whole GPUs are one unit per GPU, so
@@ -28,8 +34,12 @@ others and costs nothing here (FGD's fragment change prices the rest). Where eve
 
 from __future__ import annotations
 
-import numpy as np
+from weakref import WeakKeyDictionary
 
+import numpy as np
+from numpy.typing import NDArray
+
+from gpuslice.packing.frag import TargetWorkload
 from gpuslice.packing.state import KIND_MIG, Candidates, ClusterState, PackRequest
 from gpuslice.policies.base import F64
 
@@ -39,19 +49,76 @@ from gpuslice.policies.base import F64
 MIG_WEIGHT = 0.75
 
 
-def mig_stranded_change(state: ClusterState, req: PackRequest, cands: Candidates) -> F64:
-    """Change of idle slices on MIG GPUs in use, per candidate (0 off MIG and for multi-GPU pods)."""
+class _MigRows:
+    """The unit rows of MIG instances and their sizes, kept per state until its layout changes (a
+    decision reads only those rows, not every unit of a large cluster)."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.layout = state.layout_version
+        self.rows = np.flatnonzero(state.unit_kind[: state.n_units] == KIND_MIG)
+        self.cap = state.unit_cap[self.rows]
+        self.gpu = state.unit_gpu_id[self.rows]
+        self.size = int(self.cap.max()) + 1 if self.rows.size else 1
+        self.present = np.bincount(self.cap, minlength=self.size) > 0
+
+
+_MIG_ROWS: WeakKeyDictionary[ClusterState, _MigRows] = WeakKeyDictionary()
+
+
+def _mig_rows(state: ClusterState) -> _MigRows:
+    kept = _MIG_ROWS.get(state)
+    if kept is None or kept.layout != state.layout_version:
+        kept = _MIG_ROWS[state] = _MigRows(state)
+    return kept
+
+
+def _idle(state: ClusterState, mig: _MigRows) -> NDArray[np.bool_]:
+    """Per MIG row: usable and holding no pod."""
+    return np.asarray((state.unit_free[mig.rows] == mig.cap) & state.unit_usable[mig.rows], dtype=bool)
+
+
+def instance_fill(state: ClusterState, target: TargetWorkload, idle: NDArray[np.bool_] | None = None) -> F64:
+    """Per MIG instance size (index: slices), the share of the free instances of that size that the
+    learned demand is expected to fill: min(1, E_s / N_s) (see the module docstring); 1 where no
+    instance of the size is free, 0 for every size before any GPU pod is seen. ``idle``: per MIG
+    row, if the caller has it."""
+    mig = _mig_rows(state)
+    if idle is None:
+        idle = _idle(state, mig)
+    count = np.bincount(mig.cap[idle], minlength=mig.size).astype(np.float64)
+    demand = np.zeros(mig.size)
+    for (_, k, g, _, _, isolation), pods in target.counts.items():
+        if g == 1 and isolation != "mps" and k < mig.size and mig.present[k]:
+            demand[k] += pods
+    sizes = np.arange(mig.size, dtype=np.float64)
+    asked = float((demand * sizes).sum())
+    if asked <= 0:
+        return np.where(count > 0, 0.0, 1.0)
+    expected = demand * float((count * sizes).sum()) / asked
+    fill = np.minimum(1.0, expected / np.maximum(count, 1.0))
+    return np.asarray(np.where(count > 0, fill, 1.0), dtype=np.float64)
+
+
+def mig_stranded_change(state: ClusterState, req: PackRequest, cands: Candidates, target: TargetWorkload) -> F64:
+    """Change of unfilled idle slices on MIG GPUs in use, per candidate (0 off MIG and for
+    multi-GPU pods): each idle instance's slices x (1 - :func:`instance_fill` of its size)."""
     n = len(cands)
     if req.gpus != 1 or n == 0:
         return np.zeros(n)
     u = cands.units[:, 0]
-    mig = state.unit_kind[u] == KIND_MIG
-    if not mig.any():
+    on_mig = state.unit_kind[u] == KIND_MIG
+    if not on_mig.any():
         return np.zeros(n)
+    mig = _mig_rows(state)
+    idle = _idle(state, mig)
+    fill = instance_fill(state, target, idle)
+    unfilled = mig.cap[idle] * (1.0 - fill[mig.cap[idle]])
+    per_gpu = np.bincount(mig.gpu[idle], weights=unfilled, minlength=state.n_gpus)
+    used = np.bincount(mig.gpu, weights=mig.cap - state.unit_free[mig.rows], minlength=state.n_gpus)
     g = state.unit_gpu_id[u]
-    used = state.gpu_used_slices()[g]
-    change = np.where(used > 0, -float(req.slices), (state.gpu_cap[g] - req.slices).astype(np.float64))
-    return np.asarray(np.where(mig, change, 0.0), dtype=np.float64)
+    own = req.slices * (1.0 - fill[min(req.slices, fill.shape[0] - 1)])
+    change = np.where(used[g] > 0, -own, per_gpu[g] - own)
+    return np.asarray(np.where(on_mig, change, 0.0), dtype=np.float64)
 
 
 def versatility_change(state: ClusterState, req: PackRequest, cands: Candidates, versatility: F64) -> F64:

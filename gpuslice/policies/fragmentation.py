@@ -7,7 +7,9 @@
 2. MIG instances are fixed-size bins. FGD scores units, so it cannot tell an instance on a GPU that
    already runs pods from one on an idle GPU, though only the latter puts one more GPU in use and
    strands the rest of it; the stranded-slice change (:mod:`_slice_terms`) is added to the FGD
-   delta, and which instance sizes count as usable comes from the learned shapes (point 1).
+   delta. An idle instance strands its slices only as far as the learned demand for its size will
+   not fill it (the size's *fill*: its expected pods against its free instances), so an instance
+   is worth what the workload asks of its size.
 3. CPU and host memory run out too. FGD counts a node's idle GPUs as fragment for a shape whose
    CPU the node lacks; the same holds in expectation for what the node can still host. Filling
    the node's free units needs CPU: an MPS GPU's free slices at the learned GPU pods' CPU per
@@ -36,8 +38,15 @@
    is added to the delta. An owner's pods so go where they close the least. The other side of
    the rule: a GPU serves each owner once, so an owner's reach is the GPUs that still fit its next
    pod. A placement that takes the last unit another large owner fits on a GPU (one it does not
-   hold) costs that owner's share x the slices its pod asks. Pods without an owner, and traces
-   without owners, are scored as before.
+   hold) costs that owner's share x the slices its pod asks. On MIG both halves change. The
+   instances a pod leaves idle beside it are what point 2 prices (as unfilled slices), so the
+   first half, which would count those of its size again, is left out there. And an instance
+   takes one size only, so a unit taken from another owner's reach can be made up only by pods of
+   that size: its weight is how likely that owner is to miss it, min(1, E / R) with E its pods
+   expected among those that fill the free slices and R the GPUs it still fits
+   (:func:`owner_reach_weight`), not its share. On MPS a slot closed to one owner stays open to
+   every other shape, and the share is the weight. Pods without an owner, and traces without
+   owners, are scored as before.
 7. A full unit leaves no fragment whichever unit it is, so FGD cannot tell a whole GPU, which only
    whole-GPU pods can use, from an idle MPS GPU, which any pod could share. A pod that uses up an
    idle unit pays its slices x the unit's *versatility* (the probability that a learned shape
@@ -62,7 +71,7 @@ from typing import Any
 import numpy as np
 
 from gpuslice.packing.frag import I64, TargetShapes, TargetWorkload, cpu_need
-from gpuslice.packing.state import KIND_MPS, Candidates, ClusterState, PackRequest
+from gpuslice.packing.state import KIND_MIG, KIND_MPS, Candidates, ClusterState, PackRequest
 from gpuslice.policies import _slice_terms as slice_terms
 from gpuslice.policies.base import F64, BasePolicy, PolicyContext
 from gpuslice.policies.fgd import FragMemory, frag_delta, levels, sigmoid_score
@@ -171,9 +180,10 @@ def owner_spread_change(state: ClusterState, req: PackRequest, cands: Candidates
 
 
 def owner_reach_change(state: ClusterState, req: PackRequest, cands: Candidates,
-                       others: list[tuple[float, PackRequest]]) -> F64:
-    """Per candidate, sum over other owners of share x slices asked, for each owner whose last unit
-    on a GPU this placement takes (the GPU then holds nothing that owner's next pod fits)."""
+                       others: list[tuple[float | F64, PackRequest]]) -> F64:
+    """Per candidate, sum over other owners of weight x slices asked, for each owner whose last unit
+    on a GPU this placement takes (the GPU then holds nothing that owner's next pod fits); a weight
+    is one number or one per candidate."""
     n = len(cands)
     if n == 0 or req.gpus == 0 or not others:
         return np.zeros(n)
@@ -190,6 +200,22 @@ def owner_reach_change(state: ClusterState, req: PackRequest, cands: Candidates,
         last = acc_u & (on_gpu == 1) & (free_after < other.slices)
         out += share * other.slices * last.sum(axis=1)
     return out
+
+
+def owner_reach_weight(state: ClusterState, target: TargetWorkload, other: PackRequest) -> float:
+    """How likely a GPU of ``other``'s owner's reach is one it will miss: min(1, E / R), with E its
+    pods expected among those that fill the cluster's free slices (its pods seen x free slices /
+    slices asked by the GPU pods seen) and R the GPUs that still fit its next pod (1 if none does)."""
+    pods = target.owners.get(other.owner, 0)
+    if pods == 0 or target.gpu_slices <= 0:
+        return 0.0
+    n = state.n_units
+    accepts = state.unit_accepts(other)[:n]
+    reach = int(np.count_nonzero(np.bincount(state.unit_gpu_id[:n][accepts], minlength=state.n_gpus)))
+    if reach == 0:
+        return 1.0
+    free = float(state.unit_free[:n][state.unit_usable[:n]].sum())
+    return min(1.0, pods * free / target.gpu_slices / reach)
 
 
 def _rank_scores(key: F64, level: F64) -> F64:
@@ -247,7 +273,8 @@ class Fragmentation(BasePolicy):
         n = len(cands)
         if n == 0:
             return np.zeros(0)
-        stranded = slice_terms.mig_stranded_change(state, req, cands)  # 0 off MIG (openb: always)
+        target = mem.target
+        stranded = slice_terms.mig_stranded_change(state, req, cands, target)  # 0 off MIG (openb: always)
         delta = frag_delta(state, req, cands, mem) + slice_terms.MIG_WEIGHT * stranded
         if self.versatility_weight:
             versatility = mem.cache.unit_versatility(state)  # frag_delta above synced the cache
@@ -259,21 +286,35 @@ class Fragmentation(BasePolicy):
             stranded_host = host_stranding_change(state, req, cands, mem.current(state), mem.cache.total,
                                                   mem.cache.need)
             delta += self.stranding_weight * stranded_host
-        share = mem.target.owner_share(req.owner)
-        if share > 0.0 and self.owner_weight:
-            delta += self.owner_weight * share * owner_spread_change(state, req, cands)
-        if self.reach_weight and req.owner:
-            others = mem.target.other_owners(req.owner, OWNER_LIMIT, OWNER_MIN_SHARE)
-            delta += self.reach_weight * owner_reach_change(state, req, cands, others)
+        if req.owner and req.gpus:
+            delta += self._owner_terms(state, req, cands, target)
         level = levels(sigmoid_score(delta, state.slices_per_gpu))
         out = 0.49 * level / 100.0
         if req.gpus == 0:
             return np.asarray(out, dtype=np.float64)
         inside = level >= level.max() - self.window_for(state.slices_per_gpu)
-        low = mem.target.fractional_threshold(self.quantile, state.slices_per_gpu)
+        low = target.fractional_threshold(self.quantile, state.slices_per_gpu)
         d = leftover_sumsq_change(state, req, cands, low) + stranded
         out[inside] = _rank_scores(-d[inside], level[inside])
         return np.asarray(out, dtype=np.float64)
+
+    def _owner_terms(self, state: ClusterState, req: PackRequest, cands: Candidates, target: TargetWorkload) -> F64:
+        """Point 6: the owner-spread change and the other owners' reach, weighted per candidate (a
+        MIG candidate by :func:`owner_reach_weight`, any other by the owner's share)."""
+        out = np.zeros(len(cands))
+        mig = (state.unit_kind[cands.units] == KIND_MIG).all(axis=1)
+        share = target.owner_share(req.owner)
+        if share > 0.0 and self.owner_weight:
+            out += self.owner_weight * np.where(mig, 0.0, share) * owner_spread_change(state, req, cands)
+        if self.reach_weight:
+            others = target.other_owners(req.owner, OWNER_LIMIT, OWNER_MIN_SHARE)
+            if mig.any():
+                weighted: list[tuple[float | F64, PackRequest]] = [
+                    (np.where(mig, owner_reach_weight(state, target, o), s), o) for s, o in others]
+            else:
+                weighted = [(s, o) for s, o in others]
+            out += self.reach_weight * owner_reach_change(state, req, cands, weighted)
+        return out
 
 
 POLICY = Fragmentation()

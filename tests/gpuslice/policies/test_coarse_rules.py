@@ -16,6 +16,7 @@ from gpuslice.packing.state import (
     UnitSpec,
     enumerate_candidates,
 )
+from gpuslice.policies import _slice_terms as slice_terms
 from gpuslice.policies.base import PolicyContext
 from gpuslice.policies.fragmentation import Fragmentation
 
@@ -63,16 +64,49 @@ def test_freed_capacity_does_not_change_how_a_state_is_scored() -> None:
         assert np.array_equal(b, a) and np.array_equal(b, g)
 
 
-def test_mig_pod_prefers_an_instance_on_a_gpu_in_use() -> None:
+def _two_mig_gpus() -> ClusterState:
+    """One node, two MIG GPUs of 2g+1g+1g; GPU 1 runs a pod on one 1g instance."""
     nodes = [NodeSpec("n0", 64000, 256000, "H100-80GB")]
-    units = [UnitSpec(0, g, KIND_MIG, 1, 10 * GIB) for g in range(2) for _ in range(3)]
+    units = [UnitSpec(0, g, KIND_MIG, k, 10 * GIB * k) for g in range(2) for k in (2, 1, 1)]
     state = ClusterState(nodes, units, slices_per_gpu=7)
-    state.take(0, [3], 1, 0, 0)  # GPU 1 runs a pod
+    state.take(0, [4], 1, 0, 0)
+    return state
+
+
+def test_mig_pod_prefers_an_instance_on_a_gpu_in_use() -> None:
+    # Nine 2-slice pods seen for every 1-slice one: the 2g instances will be filled, the 1g ones
+    # mostly not, so a 1g pod on the idle GPU would strand its other 1g instance.
+    state = _two_mig_gpus()
     req = PackRequest(gpus=1, slices=1, gpu_memory_mib=8 * GIB)
-    cands = enumerate_candidates(state, req)
+    seen = [req] + [PackRequest(gpus=1, slices=2)] * 9
     pol = Fragmentation()
-    score = pol.score(state, req, cands, _learned(pol, [req]))
-    assert state.unit_gpu_id[int(cands.units[int(np.argmax(score)), 0])] == 1
+    mem = _learned(pol, seen)
+    fill = slice_terms.instance_fill(state, mem.target)  # 7 free slices; 1g: 1 x 7 / 19 of 3 free
+    np.testing.assert_allclose(fill[1:3], [7 / 19 / 3, 1.0])
+    cands = enumerate_candidates(state, req)
+    change = slice_terms.mig_stranded_change(state, req, cands, mem.target)
+    gpu = state.unit_gpu_id[cands.units[:, 0]]
+    np.testing.assert_allclose(change, np.where(gpu == 1, -(1 - fill[1]), 1 - fill[1]))  # the other 1g
+    score = pol.score(state, req, cands, mem)
+    assert gpu[int(np.argmax(score))] == 1
+
+
+def test_mig_instances_the_demand_fills_strand_nothing() -> None:
+    # Only 1-slice pods seen, and 1g instances to hold them: every free 1g instance is expected to
+    # be filled, so neither GPU strands anything; the 2g instances nobody asks for weigh in full.
+    state = _two_mig_gpus()
+    req = PackRequest(gpus=1, slices=1)
+    mem = _learned(Fragmentation(), [req] * 3)
+    fill = slice_terms.instance_fill(state, mem.target)
+    np.testing.assert_allclose(fill[1:3], [1.0, 0.0])
+    cands = enumerate_candidates(state, req)
+    gpu = state.unit_gpu_id[cands.units[:, 0]]
+    np.testing.assert_allclose(slice_terms.mig_stranded_change(state, req, cands, mem.target),
+                               np.where(gpu == 1, 0.0, 2.0))
+    # MPS-only shapes do not count as demand for MIG instances, and before any GPU pod nothing does.
+    mps_only = _learned(Fragmentation(), [PackRequest(gpus=1, slices=1, isolation="mps")] * 3)
+    np.testing.assert_allclose(slice_terms.instance_fill(state, mps_only.target)[1:3], 0.0)
+    np.testing.assert_allclose(slice_terms.instance_fill(state, _learned(Fragmentation(), []).target)[1:3], 0.0)
 
 
 def test_window_follows_slice_granularity_only() -> None:

@@ -6,7 +6,13 @@ import numpy as np
 
 from gpuslice.packing.frag import TRACKED_OWNERS, TargetWorkload
 from gpuslice.packing.state import KIND_MIG, ClusterState, NodeSpec, PackRequest, UnitSpec, enumerate_candidates
-from gpuslice.policies.fragmentation import OWNER_LIMIT, Fragmentation, owner_reach_change, owner_spread_change
+from gpuslice.policies.fragmentation import (
+    OWNER_LIMIT,
+    Fragmentation,
+    owner_reach_change,
+    owner_reach_weight,
+    owner_spread_change,
+)
 
 from .helpers import cluster, learned
 
@@ -55,17 +61,44 @@ def test_owner_share_is_the_owners_part_of_the_pods_seen() -> None:
     assert target.owner_share("never-seen") == 0.0
 
 
-def test_the_owner_term_outweighs_a_gpu_that_strands_less() -> None:
-    # Idle MIG GPUs: node 0 has two 1-slice instances, node 1 one 1-slice and one 2-slice. FGD's
-    # fragment for the 1-slice shape does not move on either; the MIG term prefers node 0 (one
-    # slice stranded beside the pod against two), but there the pod closes the other 1-slice
-    # instance to its owner, which is every pod seen.
+def test_the_owner_spread_change_weighs_on_mps_but_not_on_mig() -> None:
+    seen = [POD] * 4
+    pol = Fragmentation()
+    # MPS: the owner's later pods could have shared the idle slices its pod closes (6 on node 0's
+    # idle GPU, 2 on node 1's): weighted by the owner's share of the pods seen (all of them here).
+    mps = cluster([[7], [3]], slices=7)
+    cands = enumerate_candidates(mps, POD)
+    terms = pol._owner_terms(mps, POD, cands, learned(pol, seen).target)
+    np.testing.assert_allclose(terms, np.where(cands.node == 0, 6.0, 2.0))
+    # MIG: one pod per GPU, so the owner's reach loses one GPU wherever its pod goes; the idle
+    # instances it closes to itself count for nothing, and the pick is the rest of the policy's.
     nodes = [NodeSpec("n0", 64000, 256000, "H100"), NodeSpec("n1", 64000, 256000, "H100")]
     units = [UnitSpec(0, 0, KIND_MIG, c) for c in (1, 1)] + [UnitSpec(1, 0, KIND_MIG, c) for c in (1, 2)]
-    state = ClusterState(nodes, units, slices_per_gpu=7, allow_mps_multi=True)
-    seen = [POD] * 4
-    assert _pick(Fragmentation(), state, POD, seen) == 1
-    assert _pick(Fragmentation(owner_weight=0.0), state, POD, seen) == 0  # the rest of the policy alone
+    mig = ClusterState(nodes, units, slices_per_gpu=7, allow_mps_multi=True)
+    cands = enumerate_candidates(mig, POD)
+    np.testing.assert_allclose(pol._owner_terms(mig, POD, cands, learned(pol, seen).target), 0.0)
+    assert _pick(pol, mig, POD, seen) == _pick(Fragmentation(owner_weight=0.0), mig, POD, seen)
+
+
+def test_on_mig_another_owners_reach_weighs_as_likely_as_it_is_to_be_missed() -> None:
+    # Owner A (ten 3-slice pods seen) fits one pod per GPU. GPU 0 has one 3g instance and already
+    # runs a pod on its 1g; GPU 1 has two 3g instances and is idle. B's pod on GPU 0 takes the last
+    # unit A fits there; on GPU 1 it leaves A the other 3g. A's pods to come outnumber the GPUs it
+    # still fits, so that loss is near certain and outweighs opening an idle GPU: B goes to GPU 1
+    # (with A's share, 10/11, as the weight it went to GPU 0, the GPU in use).
+    a = PackRequest(cpu_milli=1000, gpus=1, slices=3, owner="llm-a")
+    b = PackRequest(cpu_milli=1000, gpus=1, slices=3, owner="llm-b")
+    state = _mig([[3, 1], [3, 3]])
+    state.take(0, [1], 1, 1000, 0, "other")
+    seen = [a] * 10 + [b]
+    pol = Fragmentation()
+    target = learned(pol, seen).target
+    assert owner_reach_weight(state, target, a) == 1.0  # 10 pods x 9 free slices / 31 asked, over 2 GPUs
+    assert _pick(pol, state, b, seen) == 1
+    # A small owner among many free slices: E / R below 1.
+    few = [a] + [PackRequest(cpu_milli=1000, gpus=1, slices=1, owner=f"x{i}") for i in range(20)]
+    target = learned(pol, few).target
+    np.testing.assert_allclose(owner_reach_weight(state, target, a), 1 * 9 / 23 / 2)
 
 
 def _mig(layouts: list[list[int]]) -> ClusterState:
