@@ -55,7 +55,9 @@ class _MigRows:
 
     def __init__(self, state: ClusterState) -> None:
         self.layout = state.layout_version
-        self.rows = np.flatnonzero(state.unit_kind[: state.n_units] == KIND_MIG)
+        live = state.node_units[state.node_alive].reshape(-1)  # rows retired by a layout change are in no node's
+        live = np.unique(live[live >= 0])
+        self.rows = live[state.unit_kind[live] == KIND_MIG]
         self.cap = state.unit_cap[self.rows]
         self.gpu = state.unit_gpu_id[self.rows]
         self.size = int(self.cap.max()) + 1 if self.rows.size else 1

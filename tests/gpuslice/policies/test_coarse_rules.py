@@ -113,3 +113,17 @@ def test_window_follows_slice_granularity_only() -> None:
     assert Fragmentation().window_for(1000) == 10
     assert Fragmentation().window_for(7) == 0
     assert Fragmentation(window=3).window_for(7) == 3
+
+
+def test_instance_sizes_come_from_the_live_layout() -> None:
+    # A GPU re-laid out from 3g+3g+1g to seven 1g instances: its retired 3g rows no longer make
+    # 3-slice pods count as MIG demand, so the 1g instances are the only MIG size there is.
+    nodes = [NodeSpec("n0", 64000, 256000, "H100-80GB")]
+    state = ClusterState(nodes, [UnitSpec(0, 0, KIND_MIG, k) for k in (3, 3, 1)], slices_per_gpu=7)
+    mem = _learned(Fragmentation(), [PackRequest(gpus=1, slices=3)] * 6 + [PackRequest(gpus=1, slices=1)])
+    before = slice_terms.instance_fill(state, mem.target)
+    np.testing.assert_allclose(before[[1, 3]], [7 / 19, 1.0])  # 7 free slices; 1 of 19 asked is 1-slice
+    state.replace_units(0, [UnitSpec(0, 0, KIND_MIG, 1) for _ in range(7)])
+    after = slice_terms.instance_fill(state, mem.target)
+    assert after.shape[0] == 2
+    np.testing.assert_allclose(after[1], 1.0)
