@@ -213,8 +213,6 @@ class ClusterState:
         self.unit_gpu_id: I64 = np.array([gpu_keys.setdefault((x.node, x.gpu_index), len(gpu_keys)) for x in us]
                                          + [-1], dtype=np.int64)
         self.n_gpus = len(gpu_keys)
-        self.gpu_cap: I64 = np.bincount(self.unit_gpu_id[:u], weights=self.unit_cap[:u],
-                                        minlength=self.n_gpus).astype(np.int64)
         if np.any(self.unit_free[:u] > self.unit_cap[:u]) or np.any(self.unit_free[:u] < 0):
             raise PackingError("unit free slices outside 0..capacity")
         self.n_units = u
@@ -255,7 +253,6 @@ class ClusterState:
             self._room(name, n, spare=n // 4 + 16)
         for name, _ in _UNIT_SENTINELS:
             self._room(name, u + 1, spare=u // 4 + 128)
-        self._room("gpu_cap", self.n_gpus, spare=self.n_gpus // 4 + 16)
 
     def _room(self, name: str, length: int, spare: int = 0) -> NDArray[Any]:
         """The array ``name`` as ``length`` rows (rows past its current length are uninitialised):
@@ -308,12 +305,6 @@ class ClusterState:
         if not gpus:
             return []
         return np.flatnonzero(np.isin(self.unit_gpu_id[: self.n_units], np.array(gpus, dtype=np.int64))).tolist()
-
-    def gpu_used_slices(self) -> I64:
-        """Allocated slices per GPU id (length ``n_gpus``)."""
-        n = self.n_units
-        used = (self.unit_cap[:n] - self.unit_free[:n]).astype(np.int64)
-        return np.bincount(self.unit_gpu_id[:n], weights=used, minlength=self.n_gpus).astype(np.int64)
 
     # ----- feasibility ----------------------------------------------------------------------
     def unit_accepts(self, req: PackRequest, rows: I64 | None = None) -> B:
@@ -526,10 +517,6 @@ class ClusterState:
             name = self.node_names[v]
             self.unit_gpu.extend(x.gpu or f"{name}/gpu{x.gpu_index}" for x in us)
             self.unit_instance.extend(x.instance for x in us)
-            caps = np.zeros(len(gpu_ids), dtype=np.int64)
-            for x in us:
-                caps[gpu_ids[x.gpu_index] - self.n_gpus] += x.capacity
-            self._room("gpu_cap", self.n_gpus + len(gpu_ids))[self.n_gpus:] = caps
             self.n_gpus += len(gpu_ids)
             if k > self.width:
                 self.node_units = np.hstack([self.node_units,
