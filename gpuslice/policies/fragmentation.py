@@ -66,6 +66,7 @@ other candidates to 0.49 * level / 100, below them. Equal scores fall to the cal
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -180,7 +181,7 @@ def owner_spread_change(state: ClusterState, req: PackRequest, cands: Candidates
 
 
 def owner_reach_change(state: ClusterState, req: PackRequest, cands: Candidates,
-                       others: list[tuple[float | F64, PackRequest]]) -> F64:
+                       others: Sequence[tuple[float | F64, PackRequest]]) -> F64:
     """Per candidate, sum over other owners of weight x slices asked, for each owner whose last unit
     on a GPU this placement takes (the GPU then holds nothing that owner's next pod fits); a weight
     is one number or one per candidate."""
@@ -202,10 +203,18 @@ def owner_reach_change(state: ClusterState, req: PackRequest, cands: Candidates,
     return out
 
 
-def owner_reach_weight(state: ClusterState, target: TargetWorkload, other: PackRequest) -> float:
+def usable_free_slices(state: ClusterState) -> float:
+    """Free slices on the usable units of the whole cluster."""
+    n = state.n_units
+    return float(state.unit_free[:n][state.unit_usable[:n]].sum())
+
+
+def owner_reach_weight(state: ClusterState, target: TargetWorkload, other: PackRequest,
+                       free: float | None = None) -> float:
     """How likely a GPU of ``other``'s owner's reach is one it will miss: min(1, E / R), with E its
     pods expected among those that fill the cluster's free slices (its pods seen x free slices /
-    slices asked by the GPU pods seen) and R the GPUs that still fit its next pod (1 if none does)."""
+    slices asked by the GPU pods seen) and R the GPUs that still fit its next pod (1 if none does).
+    ``free``: :func:`usable_free_slices`, if the caller has it."""
     pods = target.owners.get(other.owner, 0)
     if pods == 0 or target.gpu_slices <= 0:
         return 0.0
@@ -214,7 +223,8 @@ def owner_reach_weight(state: ClusterState, target: TargetWorkload, other: PackR
     reach = int(np.count_nonzero(np.bincount(state.unit_gpu_id[:n][accepts], minlength=state.n_gpus)))
     if reach == 0:
         return 1.0
-    free = float(state.unit_free[:n][state.unit_usable[:n]].sum())
+    if free is None:
+        free = usable_free_slices(state)
     return min(1.0, pods * free / target.gpu_slices / reach)
 
 
@@ -307,13 +317,12 @@ class Fragmentation(BasePolicy):
         if share > 0.0 and self.owner_weight:
             out += self.owner_weight * np.where(mig, 0.0, share) * owner_spread_change(state, req, cands)
         if self.reach_weight:
-            others = target.other_owners(req.owner, OWNER_LIMIT, OWNER_MIN_SHARE)
-            if mig.any():
-                weighted: list[tuple[float | F64, PackRequest]] = [
-                    (np.where(mig, owner_reach_weight(state, target, o), s), o) for s, o in others]
-            else:
-                weighted = [(s, o) for s, o in others]
-            out += self.reach_weight * owner_reach_change(state, req, cands, weighted)
+            others: Sequence[tuple[float | F64, PackRequest]] = target.other_owners(
+                req.owner, OWNER_LIMIT, OWNER_MIN_SHARE)
+            if mig.any() and others:
+                free = usable_free_slices(state)
+                others = [(np.where(mig, owner_reach_weight(state, target, o, free), s), o) for s, o in others]
+            out += self.reach_weight * owner_reach_change(state, req, cands, others)
         return out
 
 
