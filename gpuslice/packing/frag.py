@@ -77,6 +77,9 @@ class TargetWorkload:
     #: largest owners, and of no other: kept as pods arrive, so a decision never scans every owner a
     #: long-lived cluster has seen. Exact, since counts only grow.
     owner_requests: dict[str, PackRequest] = field(default_factory=dict)
+    #: GPU pods seen per multi-GPU shape less its CPU (unit acceptance does not read CPU), kept as
+    #: pods arrive: ``fragmentation`` prices the nodes that can still host each (its point 8).
+    multi_gpu: dict[PackRequest, int] = field(default_factory=dict)
 
     def key(self, req: PackRequest) -> ShapeKey:
         c, k, g, prods = req.shape
@@ -93,6 +96,10 @@ class TargetWorkload:
             self.gpu_slices += req.gpus * req.slices
             if req.owner:
                 self._count_owner(req)
+            if req.gpus > 1:
+                _, k, g, prods, floor, isolation = key
+                shape = PackRequest(gpus=g, slices=k, gpu_memory_mib=floor, products=prods, isolation=isolation)
+                self.multi_gpu[shape] = self.multi_gpu.get(shape, 0) + 1
 
     def _count_owner(self, req: PackRequest) -> None:
         n = self.owners.get(req.owner, 0) + 1

@@ -52,6 +52,12 @@
    idle unit pays its slices x the unit's *versatility* (the probability that a learned shape
    could use it when empty), less the cheapest candidate's cost (:mod:`_slice_terms`); the same
    for every candidate where all units are alike (the openb traces).
+8. A multi-GPU shape needs enough free whole units on one node, and FGD, weighing it by its share
+   of the pods, prices its last hosts as cheaply as any fragment, though its pod that finds none
+   loses all its slices. A placement that ends a host of another learned multi-GPU shape pays the
+   shape's slices x the chance the host will be needed: P(N >= R), N Poisson with mean the
+   shape's pods expected among those that fill the free slices, R the hosts left
+   (:mod:`_shape_reach`). Nil while hosts are many; near the shape's slices at its last hosts.
 
 The window depends only on the slice granularity: a few levels for fine slices (the milli-GPU
 simulation), none for the coarse slices of real MPS/MIG nodes, where one slice already moves the
@@ -74,6 +80,7 @@ import numpy as np
 from gpuslice.packing.frag import I64, TargetShapes, TargetWorkload, cpu_need
 from gpuslice.packing.state import KIND_MIG, KIND_MPS, Candidates, ClusterState, PackRequest
 from gpuslice.policies import _slice_terms as slice_terms
+from gpuslice.policies._shape_reach import shape_reach_change
 from gpuslice.policies.base import F64, BasePolicy, PolicyContext
 from gpuslice.policies.fgd import FragMemory, frag_delta, levels, sigmoid_score
 
@@ -254,7 +261,8 @@ class Fragmentation(BasePolicy):
 
     def __init__(self, window: int | None = None, quantile: float = 0.005, stranding_weight: float = 1.0,
                  scarcity_gain: float = SCARCITY_GAIN, pinned_weight: float = 1.0,
-                 owner_weight: float = 1.0, reach_weight: float = 1.0, versatility_weight: float = 1.0) -> None:
+                 owner_weight: float = 1.0, reach_weight: float = 1.0, versatility_weight: float = 1.0,
+                 shape_reach_weight: float = 1.0) -> None:
         self.window = window
         self.quantile = quantile
         self.stranding_weight = stranding_weight
@@ -263,6 +271,7 @@ class Fragmentation(BasePolicy):
         self.owner_weight = owner_weight
         self.reach_weight = reach_weight
         self.versatility_weight = versatility_weight
+        self.shape_reach_weight = shape_reach_weight
 
     def window_for(self, slices_per_gpu: int) -> int:
         """The leftover rule's window in FGD levels: as set, else by slice granularity."""
@@ -298,6 +307,9 @@ class Fragmentation(BasePolicy):
             delta += self.stranding_weight * stranded_host
         if req.owner and req.gpus:
             delta += self._owner_terms(state, req, cands, target)
+        if self.shape_reach_weight and req.gpus and target.multi_gpu:
+            delta += self.shape_reach_weight * shape_reach_change(state, req, cands, target,
+                                                                  usable_free_slices(state))
         level = levels(sigmoid_score(delta, state.slices_per_gpu))
         out = 0.49 * level / 100.0
         if req.gpus == 0:

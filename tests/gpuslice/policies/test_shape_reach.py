@@ -1,0 +1,83 @@
+"""``fragmentation`` point 8: the hosts a learned multi-GPU shape has left."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from gpuslice.packing.frag import TargetWorkload
+from gpuslice.packing.state import PackRequest, enumerate_candidates
+from gpuslice.policies._shape_reach import poisson_tail, shape_reach_change
+from gpuslice.policies.fragmentation import Fragmentation, usable_free_slices
+
+from .helpers import cluster, learned
+
+SMALL = PackRequest(cpu_milli=1000, memory_mib=1024, gpus=1, slices=1)
+TWO = PackRequest(cpu_milli=1000, memory_mib=1024, gpus=1, slices=2)
+PAIR = PackRequest(cpu_milli=1000, memory_mib=1024, gpus=2, slices=7)
+
+
+def _target(seen: list[PackRequest]) -> TargetWorkload:
+    target = TargetWorkload(aware=True)
+    for r in seen:
+        target.observe(r)
+    return target
+
+
+def test_poisson_tail_matches_the_closed_form() -> None:
+    assert poisson_tail(3.0, 0) == 1.0
+    assert poisson_tail(0.0, 2) == 0.0
+    assert poisson_tail(3.0, 1) == pytest.approx(1.0 - math.exp(-3.0))
+    assert poisson_tail(2.0, 3) == pytest.approx(1.0 - math.exp(-2.0) * (1.0 + 2.0 + 2.0))
+    tails = [poisson_tail(4.0, r) for r in range(12)]
+    assert all(a > b for a, b in itertools.pairwise(tails))
+    assert poisson_tail(2.0, 200) < 1e-12
+
+
+def test_shapes_that_differ_only_in_cpu_are_one_shape() -> None:
+    wide = PackRequest(cpu_milli=8000, memory_mib=1024, gpus=2, slices=7)
+    assert _target([PAIR, wide, PAIR, SMALL]).multi_gpu == {PackRequest(gpus=2, slices=7): 3}
+
+
+def test_ending_the_last_host_costs_the_shapes_slices_times_the_chance_it_is_needed() -> None:
+    # Node 0: two idle 7-slice GPUs, the only host of a 2 x 7 pod; node 1: one idle GPU.
+    state = cluster([[7, 7], [7]], slices=7)
+    target = _target([SMALL] * 9 + [PAIR])
+    cands = enumerate_candidates(state, SMALL)
+    free = usable_free_slices(state)
+    expected = 1 * free / target.gpu_slices  # the pair's pods to come: its one pod seen x free / asked
+    cost = shape_reach_change(state, SMALL, cands, target, free)
+    np.testing.assert_allclose(cost, np.where(cands.node == 0, 14.0 * poisson_tail(expected, 1), 0.0))
+    assert cost.max() > 0.0
+
+
+def test_many_hosts_against_few_expected_pods_cost_nothing() -> None:
+    state = cluster([[7, 7]] * 40, slices=7)
+    target = _target([SMALL] * 99 + [PAIR])
+    cands = enumerate_candidates(state, SMALL)
+    np.testing.assert_allclose(shape_reach_change(state, SMALL, cands, target, usable_free_slices(state)), 0.0)
+
+
+def test_a_pod_of_the_shape_itself_pays_nothing_for_using_a_host() -> None:
+    state = cluster([[7, 7], [7, 7]], slices=7)
+    target = _target([SMALL] * 9 + [PAIR])
+    cands = enumerate_candidates(state, PAIR)
+    np.testing.assert_allclose(shape_reach_change(state, PAIR, cands, target, usable_free_slices(state)), 0.0)
+
+
+def test_the_policy_keeps_the_last_host_where_fgd_alone_would_break_it() -> None:
+    # Node 1's two free slices are a better home for a 2-slice pod than for this 1-slice one, so
+    # the rest of the policy puts it on node 0, the only node with two idle GPUs. One pod in a
+    # hundred has asked for two of them; the term keeps that node whole.
+    state = cluster([[7, 7], [2]], slices=7)
+    seen = [SMALL] * 60 + [TWO] * 39 + [PAIR]
+
+    def pick(pol: Fragmentation) -> int:
+        cands = enumerate_candidates(state, SMALL)
+        return int(cands.node[int(np.argmax(pol.score(state, SMALL, cands, learned(pol, seen))))])
+
+    assert pick(Fragmentation(shape_reach_weight=0.0)) == 0
+    assert pick(Fragmentation()) == 1
