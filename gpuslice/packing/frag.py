@@ -97,8 +97,7 @@ class TargetWorkload:
             if req.owner:
                 self._count_owner(req)
             if req.gpus > 1:
-                _, k, g, prods, floor, isolation = key
-                shape = PackRequest(gpus=g, slices=k, gpu_memory_mib=floor, products=prods, isolation=isolation)
+                shape = self.gpu_shape(req)
                 self.multi_gpu[shape] = self.multi_gpu.get(shape, 0) + 1
 
     def _count_owner(self, req: PackRequest) -> None:
@@ -122,6 +121,16 @@ class TargetWorkload:
                if self.owners[o] >= floor and o != owner and r.gpus == 1]
         big.sort(key=lambda no: (-no[0], no[1]))
         return [(n / self.seen, self.owner_requests[o]) for n, o in big[:limit]]
+
+    def gpu_shape(self, req: PackRequest) -> PackRequest:
+        """``req`` as a shape less its CPU (what unit acceptance reads), as :meth:`key` keeps it."""
+        _, k, g, prods, floor, isolation = self.key(req)
+        return PackRequest(gpus=g, slices=k, gpu_memory_mib=floor, products=prods, isolation=isolation)
+
+    def expected_pods(self, seen: int, free: float) -> float:
+        """Of the pods expected to fill ``free`` slices, those of a kind ``seen`` times among the GPU
+        pods so far: ``seen`` x free / slices asked (0 before any GPU pod)."""
+        return seen * free / self.gpu_slices if self.gpu_slices > 0 else 0.0
 
     def owner_share(self, owner: str) -> float:
         """Share of the pods seen that belong to ``owner`` (0 for no owner or none seen)."""

@@ -12,15 +12,56 @@ plentiful, and it nears the shape's slices as the last hosts go.
 from __future__ import annotations
 
 import math
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from gpuslice.packing.frag import I64, B, TargetWorkload
+from gpuslice.packing.frag import I64, TargetWorkload
 from gpuslice.packing.state import Candidates, ClusterState, PackRequest
 from gpuslice.policies.base import F64
 
 #: A host whose tail probability is below this costs nothing (saves the acceptance pass).
 NEGLIGIBLE = 1e-6
+
+#: The key of a unit acceptance test: a multi-GPU shape's (slices, GPU-memory floor, isolation).
+Test = tuple[int, int, str]
+
+
+class _HostCounts:
+    """Per acceptance test, each node's units that pass it, kept per state and brought up to date
+    from the nodes whose ``node_version`` moved (a decision changes one node, and a full pass reads
+    every unit of the cluster)."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.layout = state.layout_version
+        self.nodes = state.n_nodes
+        self.counts: dict[Test, tuple[I64, I64, int]] = {}  # per node, node versions, state.changes
+
+    def per_node(self, state: ClusterState, test: Test, shape: PackRequest) -> I64:
+        kept = self.counts.get(test)
+        if kept is None:
+            per_node: I64 = np.asarray(state.unit_accepts(shape)[state.node_units].sum(axis=1), dtype=np.int64)
+            self.counts[test] = per_node, state.node_version[: state.n_nodes].copy(), state.changes
+            return per_node
+        per_node, versions, changes = kept
+        if changes != state.changes:
+            moved = np.flatnonzero(state.node_version[: state.n_nodes] != versions)
+            if moved.shape[0]:
+                rows = state.node_units[moved]
+                per_node[moved] = state.unit_accepts(shape, rows.reshape(-1)).reshape(rows.shape).sum(axis=1)
+                versions[moved] = state.node_version[moved]
+            self.counts[test] = per_node, versions, state.changes
+        return per_node
+
+
+_HOST_COUNTS: WeakKeyDictionary[ClusterState, _HostCounts] = WeakKeyDictionary()
+
+
+def _host_counts(state: ClusterState) -> _HostCounts:
+    kept = _HOST_COUNTS.get(state)
+    if kept is None or kept.layout != state.layout_version or kept.nodes != state.n_nodes:
+        kept = _HOST_COUNTS[state] = _HostCounts(state)
+    return kept
 
 
 def poisson_tail(mean: float, at_least: int) -> float:
@@ -50,27 +91,23 @@ def shape_reach_change(state: ClusterState, req: PackRequest, cands: Candidates,
     out = np.zeros(n)
     if n == 0 or req.gpus == 0 or target.gpu_slices <= 0 or not target.multi_gpu:
         return out
-    own = PackRequest(gpus=req.gpus, slices=req.slices, gpu_memory_mib=req.gpu_memory_mib,
-                      products=req.products, isolation=req.isolation)
+    own = target.gpu_shape(req)
     node = cands.node
-    # Acceptance of a multi-GPU shape's units does not depend on how many GPUs it asks.
-    tested: dict[tuple[int, int, str], tuple[B, I64]] = {}
+    counts = _host_counts(state)
     for shape, seen in target.multi_gpu.items():
-        if target.key(shape)[1:] == target.key(own)[1:]:
+        if shape == own:
             continue  # the pod's own shape: taking a host is what hosts are for
-        test = (shape.slices, shape.gpu_memory_mib, shape.isolation)
-        if test not in tested:
-            accepts = state.unit_accepts(shape)
-            tested[test] = accepts, accepts[state.node_units].sum(axis=1)
-        accepts, per_node = tested[test]
+        # Acceptance of a multi-GPU shape's units does not depend on how many GPUs it asks.
+        per_node = counts.per_node(state, (shape.slices, shape.gpu_memory_mib, shape.isolation), shape)
         hosts = (per_node >= shape.gpus) & state.product_mask(shape.products)[: state.n_nodes] & state.node_alive
         left = int(np.count_nonzero(hosts))
         if left == 0:
             continue
-        chance = poisson_tail(seen * free / target.gpu_slices, left)
+        chance = poisson_tail(target.expected_pods(seen, free), left)
         if chance < NEGLIGIBLE:
             continue
-        after = per_node[node] - accepts[cands.units].sum(axis=1)
+        taken = state.unit_accepts(shape, cands.units.reshape(-1)).reshape(cands.units.shape)
+        after = per_node[node] - taken.sum(axis=1)
         ends = hosts[node] & (after < shape.gpus)
         out += np.where(ends, chance * shape.gpus * shape.slices, 0.0)
     return out

@@ -232,7 +232,7 @@ def owner_reach_weight(state: ClusterState, target: TargetWorkload, other: PackR
         return 1.0
     if free is None:
         free = usable_free_slices(state)
-    return min(1.0, pods * free / target.gpu_slices / reach)
+    return min(1.0, target.expected_pods(pods, free) / reach)
 
 
 def _rank_scores(key: F64, level: F64) -> F64:
@@ -305,11 +305,12 @@ class Fragmentation(BasePolicy):
             stranded_host = host_stranding_change(state, req, cands, mem.current(state), mem.cache.total,
                                                   mem.cache.need)
             delta += self.stranding_weight * stranded_host
+        # The cluster's free slices, summed once for the terms below that read it.
+        free = usable_free_slices(state) if self.shape_reach_weight and req.gpus and target.multi_gpu else None
         if req.owner and req.gpus:
-            delta += self._owner_terms(state, req, cands, target)
-        if self.shape_reach_weight and req.gpus and target.multi_gpu:
-            delta += self.shape_reach_weight * shape_reach_change(state, req, cands, target,
-                                                                  usable_free_slices(state))
+            delta += self._owner_terms(state, req, cands, target, free)
+        if free is not None:
+            delta += self.shape_reach_weight * shape_reach_change(state, req, cands, target, free)
         level = levels(sigmoid_score(delta, state.slices_per_gpu))
         out = 0.49 * level / 100.0
         if req.gpus == 0:
@@ -320,9 +321,11 @@ class Fragmentation(BasePolicy):
         out[inside] = _rank_scores(-d[inside], level[inside])
         return np.asarray(out, dtype=np.float64)
 
-    def _owner_terms(self, state: ClusterState, req: PackRequest, cands: Candidates, target: TargetWorkload) -> F64:
+    def _owner_terms(self, state: ClusterState, req: PackRequest, cands: Candidates, target: TargetWorkload,
+                     free: float | None = None) -> F64:
         """Point 6: the owner-spread change and the other owners' reach, weighted per candidate (a
-        MIG candidate by :func:`owner_reach_weight`, any other by the owner's share)."""
+        MIG candidate by :func:`owner_reach_weight`, any other by the owner's share). ``free``:
+        :func:`usable_free_slices`, if the caller has it."""
         out = np.zeros(len(cands))
         mig = (state.unit_kind[cands.units] == KIND_MIG).all(axis=1)
         share = target.owner_share(req.owner)
@@ -332,7 +335,8 @@ class Fragmentation(BasePolicy):
             others: Sequence[tuple[float | F64, PackRequest]] = target.other_owners(
                 req.owner, OWNER_LIMIT, OWNER_MIN_SHARE)
             if mig.any() and others:
-                free = usable_free_slices(state)
+                if free is None:
+                    free = usable_free_slices(state)
                 others = [(np.where(mig, owner_reach_weight(state, target, o, free), s), o) for s, o in others]
             out += self.reach_weight * owner_reach_change(state, req, cands, others)
         return out

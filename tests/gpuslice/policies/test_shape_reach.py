@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from gpuslice.packing.frag import TargetWorkload
-from gpuslice.packing.state import PackRequest, enumerate_candidates
-from gpuslice.policies._shape_reach import poisson_tail, shape_reach_change
+from gpuslice.packing.state import KIND_MPS, ClusterState, PackRequest, UnitSpec, enumerate_candidates
+from gpuslice.policies._shape_reach import _host_counts, poisson_tail, shape_reach_change
 from gpuslice.policies.fragmentation import Fragmentation, usable_free_slices
 
 from .helpers import cluster, learned
@@ -81,3 +81,26 @@ def test_the_policy_keeps_the_last_host_where_fgd_alone_would_break_it() -> None
 
     assert pick(Fragmentation(shape_reach_weight=0.0)) == 0
     assert pick(Fragmentation()) == 1
+
+
+def test_host_counts_kept_per_state_match_a_full_pass_after_every_change() -> None:
+    state = cluster([[7, 7], [7, 7, 7], [7]], slices=7)
+    shape = PackRequest(gpus=2, slices=7)
+    test = (7, 0, "any")
+
+    def fresh(st: ClusterState) -> list[int]:
+        return [int(x) for x in st.unit_accepts(shape)[st.node_units].sum(axis=1)]
+
+    def kept(st: ClusterState) -> list[int]:
+        return [int(x) for x in _host_counts(st).per_node(st, test, shape)]
+
+    assert kept(state) == fresh(state) == [2, 3, 1]
+    state.take(1, [2], 1, 0, 0)
+    assert kept(state) == fresh(state) == [2, 2, 1]
+    state.take(0, [0], 7, 0, 0)
+    state.give_back(1, [2], 1, 0, 0)
+    assert kept(state) == fresh(state) == [1, 3, 1]
+    state.set_units_usable([3], [False])
+    assert kept(state) == fresh(state) == [1, 2, 1]
+    state.replace_units(2, [UnitSpec(2, g, KIND_MPS, 7) for g in range(4)])
+    assert kept(state) == fresh(state) == [1, 2, 4]
