@@ -216,18 +216,19 @@ class GroupTable:
     CPU, and a node's fragment costs one search per group instead of one column per shape (pods
     whose CPU requests all differ would otherwise make every decision scan thousands of shapes).
     All groups' CPU values lie in one sorted array, so one ``searchsorted`` answers every (node,
-    group) pair at once."""
+    group) pair at once. Each group opens with a floor key of probability 0 below any CPU a node
+    can have, so a search never lands in the group before."""
 
-    keys: I64  # group i * _GROUP_STRIDE + CPU, ascending
+    keys: I64  # group i * _GROUP_STRIDE + CPU, ascending; group i's floor key first
     cum_p: F64  # probability of the group's shapes with CPU <= that key's CPU
-    start: I64  # G: where each group begins in ``keys``
+    offset: I64  # G: group i * _GROUP_STRIDE, what a node's CPU is added to for the search
     test: I64  # G
     gpus: I64  # G
     prod_ok: B  # products x G
     mass: F64  # G: the group's whole probability
 
     def __len__(self) -> int:
-        return int(self.start.shape[0])
+        return int(self.offset.shape[0])
 
     @classmethod
     def build(cls, kidx: I64, gpus: I64, prod_ok: B, cpu: I64, p: F64) -> GroupTable:
@@ -238,12 +239,14 @@ class GroupTable:
                 members.setdefault((int(kidx[j]), int(gpus[j]), prod_ok[:, j].tobytes()), []).append(j)
         orders = [np.array(sorted(js, key=lambda j: int(cpu[j])), dtype=np.int64) for js in members.values()]
         sums = [np.cumsum(p[o]) for o in orders]
-        sizes = [o.shape[0] for o in orders]
+        offset = np.arange(len(orders), dtype=np.int64) * _GROUP_STRIDE
+        floor = -(_GROUP_STRIDE // 2)  # node CPU is never this negative (removed nodes have -1)
         empty_i, empty_f = np.zeros(0, dtype=np.int64), np.zeros(0)
         return cls(
-            keys=np.concatenate([i * _GROUP_STRIDE + cpu[o] for i, o in enumerate(orders)]) if orders else empty_i,
-            cum_p=np.concatenate(sums) if sums else empty_f,
-            start=np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64) if orders else empty_i,
+            keys=np.concatenate([np.concatenate([[i * _GROUP_STRIDE + floor], i * _GROUP_STRIDE + cpu[o]])
+                                 for i, o in enumerate(orders)]).astype(np.int64) if orders else empty_i,
+            cum_p=np.concatenate([np.concatenate([[0.0], c]) for c in sums]) if sums else empty_f,
+            offset=offset,
             test=np.array([k for k, _, _ in members], dtype=np.int64),
             gpus=np.array([g for _, g, _ in members], dtype=np.int64),
             prod_ok=prod_ok[:, [o[0] for o in orders]] if orders else np.zeros((prod_ok.shape[0], 0), dtype=bool),
@@ -335,10 +338,43 @@ def cpu_need(free: I64, kind: I64, cap: I64, t: TargetShapes) -> F64:
     return np.asarray(fr * rate, dtype=np.float64)
 
 
-def unit_stats(free: I64, kind: I64, cap: I64, mem: I64, tests: Tests) -> tuple[I64, I64, I64]:
-    """Per row of a free matrix (B x W): accepting-unit counts and non-accepting idle sums (B x T), idle total."""
+@dataclass(frozen=True, slots=True)
+class UnitTable:
+    """:func:`accepts` and :func:`cpu_need` of every (unit class, free slices) pair, so that a
+    decision reads them by indexing instead of re-running the rules' dozen array operations per
+    call. A unit's class is its (kind, capacity, memory), which never changes while a layout lives,
+    and a state has few of them (GPU models x modes x MIG profiles); free slices run from 0 to the
+    largest capacity (less than 0 reads as 0, where nothing accepts and nothing needs CPU)."""
+
+    unit_cls: I64  # per unit row of the state (the sentinel included): its class
+    cls_m: I64  # per (node, position), as ``ClusterState.kind_m``: the class, padding the sentinel's
+    accept: B  # classes x (free slices + 1) x tests
+    need: F64  # classes x (free slices + 1)
+
+    @classmethod
+    def build(cls, state: ClusterState, shapes: TargetShapes) -> UnitTable:
+        keys = np.stack([state.unit_kind, state.unit_cap, state.unit_mem], axis=1)
+        classes, unit_cls = np.unique(keys, axis=0, return_inverse=True)
+        unit_cls = np.asarray(unit_cls, dtype=np.int64).reshape(-1)
+        top = int(classes[:, 1].max(initial=0))
+        free = np.broadcast_to(np.arange(top + 1, dtype=np.int64), (classes.shape[0], top + 1))
+        kind, cap, mem = (np.broadcast_to(classes[:, i, None], free.shape) for i in range(3))
+        return cls(unit_cls, unit_cls[state.node_units], accepts(free, kind, cap, mem, shapes.tests),
+                   cpu_need(free, kind, cap, shapes))
+
+    def accepts(self, free: I64, cls: I64) -> B:
+        """``accepts(free, kind, cap, mem, tests)`` of units of classes ``cls``."""
+        return np.asarray(self.accept[cls, np.maximum(free, 0)], dtype=bool)  # free <= capacity always
+
+    def cpu_need(self, free: I64, cls: I64) -> F64:
+        """``cpu_need(free, kind, cap, shapes)`` of units of classes ``cls``."""
+        return np.asarray(self.need[cls, np.maximum(free, 0)], dtype=np.float64)
+
+
+def unit_stats(free: I64, acc: B) -> tuple[I64, I64, I64]:
+    """Per row of a free matrix (B x W) and its acceptance (B x W x T): accepting-unit counts and
+    non-accepting idle sums (B x T), idle total."""
     fr = np.maximum(free, 0)
-    acc = accepts(free, kind, cap, mem, tests)
     cnt = acc.sum(axis=1)
     sub = (fr[..., None] * ~acc).sum(axis=1)
     return cnt.astype(np.int64), sub.astype(np.int64), fr.sum(axis=1).astype(np.int64)
@@ -353,12 +389,9 @@ def frag_from_stats(cnt: I64, sub: I64, total: I64, cpu: I64, prod: I64, t: Targ
     g = t.groups
     if len(g) == 0:
         return np.asarray(t.idle_mass * tot, dtype=np.float64)
-    query = np.arange(len(g), dtype=np.int64)[None, :] * _GROUP_STRIDE + cpu[:, None]
-    at = np.searchsorted(g.keys, query, side="right") - 1  # B x G: last shape with CPU <= free CPU
-    inside = at >= g.start[None, :]
-    hosted = np.where(inside, g.cum_p[np.maximum(at, 0)], 0.0)
-    hosted = np.where(g.prod_ok[prod] & (cnt[:, g.test] >= g.gpus[None, :]), hosted, 0.0)
-    out = t.idle_mass * tot + (hosted * sub[:, g.test]).sum(axis=1) + (g.mass[None, :] - hosted).sum(axis=1) * tot
+    at = np.searchsorted(g.keys, g.offset + cpu[:, None], side="right") - 1  # B x G: last key <= free CPU
+    hosted = np.where(g.prod_ok[prod] & (cnt[:, g.test] >= g.gpus), g.cum_p[at], 0.0)
+    out = t.idle_mass * tot + (hosted * sub[:, g.test]).sum(axis=1) + (g.mass - hosted).sum(axis=1) * tot
     return np.asarray(out, dtype=np.float64)
 
 
@@ -378,6 +411,7 @@ class FragCache:
         self.need: F64 = np.zeros(0)
         self.after: dict[tuple[int, int, int], tuple[I64, F64]] = {}
         self.versatility: F64 | None = None
+        self.table: UnitTable | None = None
 
     def sync(self, state: ClusterState, shapes: TargetShapes, version: int) -> None:
         """Drop everything when the state object or the target distribution changed."""
@@ -396,20 +430,22 @@ class FragCache:
             self.need = np.zeros(n)
             self.after = {}
             self.versatility = None
+            self.table = None
         # Multi-GPU shapes may take free MPS GPUs only where the state allows it (the openb replay).
         shapes.tests.mps_multi = state.allow_mps_multi
         shapes.tests.tolerance = state.memory_tolerance
+        if self.table is None:
+            self.table = UnitTable.build(state, shapes)
 
     def node_frag(self, state: ClusterState) -> F64:
         """F(node) now, for every node."""
-        assert self.shapes is not None
+        assert self.shapes is not None and self.table is not None
         stale = np.flatnonzero(self.node_ver != state.node_version)
         if stale.size:
             free = state.free_matrix()[stale]
-            cnt, sub, total = unit_stats(free, state.kind_m[stale], state.cap_m[stale], state.mem_m[stale],
-                                         self.shapes.tests)
+            cnt, sub, total = unit_stats(free, self.table.accepts(free, self.table.cls_m[stale]))
             self.cnt[stale], self.sub[stale], self.total[stale] = cnt, sub, total
-            self.need[stale] = cpu_need(free, state.kind_m[stale], state.cap_m[stale], self.shapes).sum(axis=1)
+            self.need[stale] = self.table.cpu_need(free, self.table.cls_m[stale]).sum(axis=1)
             self.before[stale] = frag_from_stats(cnt, sub, total, state.node_cpu_free[stale],
                                                  state.node_product[stale], self.shapes)
             self.node_ver[stale] = state.node_version[stale]
@@ -425,8 +461,8 @@ class FragCache:
 
     def after_frag(self, state: ClusterState, req: PackRequest, cands: Candidates) -> F64:
         """F(node after placing ``req`` as candidate c), per candidate."""
-        t = self.shapes
-        assert t is not None
+        t, table = self.shapes, self.table
+        assert t is not None and table is not None
         self.node_frag(state)
         key = (req.cpu_milli, req.slices if req.gpus else 0, req.gpus)
         entry = self.after.get(key)
@@ -447,9 +483,9 @@ class FragCache:
                 u = cands.units[stale, 0]
                 x = state.unit_free[u]
                 x2 = x - req.slices
-                kind, cap, umem = state.unit_kind[u], state.unit_cap[u], state.unit_mem[u]
-                a_old = accepts(x, kind, cap, umem, t.tests)
-                a_new = accepts(x2, kind, cap, umem, t.tests)
+                ucls = table.unit_cls[u]
+                a_old = table.accepts(x, ucls)
+                a_new = table.accepts(x2, ucls)
                 cnt = self.cnt[sv] - a_old + a_new
                 sub = self.sub[sv] - x[:, None] * ~a_old + np.maximum(x2, 0)[:, None] * ~a_new
                 total = self.total[sv] - req.slices
@@ -459,7 +495,7 @@ class FragCache:
                 pos = state.unit_pos[cands.units[stale]]
                 rows = np.repeat(np.arange(sv.shape[0]), req.gpus)
                 free[rows, pos.reshape(-1)] -= req.slices
-                cnt, sub, total = unit_stats(free, state.kind_m[sv], state.cap_m[sv], state.mem_m[sv], t.tests)
+                cnt, sub, total = unit_stats(free, table.accepts(free, table.cls_m[sv]))
                 f = frag_from_stats(cnt, sub, total, cpu_after, state.node_product[sv], t)
             slots = cands.slot[stale]
             val[slots] = f

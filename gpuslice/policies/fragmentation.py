@@ -77,7 +77,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuslice.packing.frag import I64, TargetShapes, TargetWorkload, cpu_need
+from gpuslice.packing.frag import I64, TargetShapes, TargetWorkload, UnitTable, cpu_need
 from gpuslice.packing.state import KIND_MIG, KIND_MPS, Candidates, ClusterState, PackRequest
 from gpuslice.policies import _slice_terms as slice_terms
 from gpuslice.policies._shape_reach import shape_reach_change
@@ -100,8 +100,9 @@ def leftover_sumsq_change(state: ClusterState, req: PackRequest, cands: Candidat
     is_mps = state.unit_kind[u] == KIND_MPS
     in_old = is_mps & (x > low) & (x < s)
     in_new = is_mps & (x2 > low) & (x2 < s)
-    d = np.where(in_old, 1.0 - 2.0 * hist[np.clip(x, 0, s)], 0.0)
-    d += np.where(in_new, 1.0 + 2.0 * hist[np.clip(x2, 0, s)], 0.0)
+    # np.minimum(np.maximum()) rather than np.clip: the same values at a tenth of the call cost
+    d = np.where(in_old, 1.0 - 2.0 * hist[np.minimum(np.maximum(x, 0), s)], 0.0)
+    d += np.where(in_new, 1.0 + 2.0 * hist[np.minimum(np.maximum(x2, 0), s)], 0.0)
     return np.asarray(d, dtype=np.float64)
 
 
@@ -126,11 +127,13 @@ def product_scarcity(state: ClusterState, req: PackRequest, cands: Candidates, r
 
 
 def host_stranding_change(state: ClusterState, req: PackRequest, cands: Candidates, shapes: TargetShapes,
-                          node_free: I64 | None = None, node_need: F64 | None = None) -> F64:
+                          node_free: I64 | None = None, node_need: F64 | None = None,
+                          table: UnitTable | None = None) -> F64:
     """Change of the node's free slices that its free CPU (or host memory) cannot feed, per
     candidate: max(0, free - min(free x C / need, M / memory per slice)), where ``need`` is the
     CPU the pods filling the free units would ask (:func:`gpuslice.packing.frag.cpu_need`; free x
-    CPU per slice on MPS GPUs). ``node_free``, ``node_need``: per node, if the caller has them."""
+    CPU per slice on MPS GPUs). ``node_free``, ``node_need``, ``table`` (of ``shapes``): if the
+    caller has them."""
     n = len(cands)
     if n == 0 or shapes.cpu_per_slice <= 0:
         return np.zeros(n)
@@ -146,8 +149,14 @@ def host_stranding_change(state: ClusterState, req: PackRequest, cands: Candidat
     need_after = need.copy()
     if req.gpus:
         units = cands.units
-        x, kind, cap = state.unit_free[units], state.unit_kind[units], state.unit_cap[units]
-        need_after -= (cpu_need(x, kind, cap, shapes) - cpu_need(x - req.slices, kind, cap, shapes)).sum(axis=1)
+        x = state.unit_free[units]
+        if table is not None:
+            cls = table.unit_cls[units]
+            gone = table.cpu_need(x, cls) - table.cpu_need(x - req.slices, cls)
+        else:
+            kind, cap = state.unit_kind[units], state.unit_cap[units]
+            gone = cpu_need(x, kind, cap, shapes) - cpu_need(x - req.slices, kind, cap, shapes)
+        need_after -= gone.sum(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):  # no need: nothing to feed, nothing stranded
         feeds = np.where(need > 1e-9, free * cpu / need, np.inf)
         feeds_after = np.where(need_after > 1e-9, (free - taken) * (cpu - req.cpu_milli) / need_after, np.inf)
@@ -303,7 +312,7 @@ class Fragmentation(BasePolicy):
         if self.stranding_weight:
             # frag_delta above refreshed the cache's per-node idle totals (free slices, usable units)
             stranded_host = host_stranding_change(state, req, cands, mem.current(state), mem.cache.total,
-                                                  mem.cache.need)
+                                                  mem.cache.need, mem.cache.table)
             delta += self.stranding_weight * stranded_host
         # The cluster's free slices, summed once for the terms below that read it.
         free = usable_free_slices(state) if self.shape_reach_weight and req.gpus and target.multi_gpu else None
