@@ -23,9 +23,11 @@ Costs: the per-node before-values are refreshed only for nodes whose ``node_vers
 after-values of every (slot, pod shape) are cached the same way and dropped whenever the target
 distribution is re-read. Acceptance depends on (k, memory floor, isolation, multi-GPU) only, so
 units are tested against the distinct such *tests* of the targets (22 on the openb traces) rather
-than against every shape (up to 285). Shapes that differ only in CPU form one group, whose hostable
-share on a node is one search in its CPU-sorted cumulative probabilities, so a workload where
-every pod asks a different CPU amount costs per group, not per shape.
+than against every shape (up to 285), and a unit's result depends only on its class (kind,
+capacity, memory) and free slices, so it is read from a table built from the rule per layout
+(:class:`UnitTable`). Shapes that differ only in CPU form one group, whose hostable share on a
+node is one search in its CPU-sorted cumulative probabilities, so a workload where every pod asks
+a different CPU amount costs per group, not per shape.
 """
 
 from __future__ import annotations
