@@ -137,6 +137,23 @@ class Api:
                                                        "limits": {RESOURCE: str(slices)}}}]}}
         self._json(self.core.create_namespaced_pod(NS, body, _preload_content=False))
 
+    def create_pod_once_admitted(self, name: str, slices: int, priority_class: str) -> None:
+        """:meth:`create_pod`, retried while kube-apiserver's Priority admission plugin answers 403 "no
+        PriorityClass": it reads classes from an informer, which may not have seen one created a
+        moment ago (the test's own class), so the first try can race it."""
+        from kubernetes.client.exceptions import ApiException
+
+        def attempt() -> bool:
+            try:
+                self.create_pod(name, slices, priority_class=priority_class)
+            except ApiException as err:
+                if err.status == 403 and "no PriorityClass" in str(err):
+                    return False
+                raise
+            return True
+
+        _wait(f"admission to know PriorityClass {priority_class}", attempt, 15)
+
     def pods(self) -> list[dict[str, Any]]:
         return list(self._json(self.core.list_namespaced_pod(NS, _preload_content=False))["items"])
 
@@ -376,7 +393,7 @@ def test_real_scheduler_preempts_through_the_extender(real: Setup) -> None:
     (victim,) = on_whole()
     before = real.metrics().get("preempt", 0)
     api.create_priority_class("gpu-slice-test-high", 1000)
-    api.create_pod("urgent-14", 14, priority_class="gpu-slice-test-high")
+    api.create_pod_once_admitted("urgent-14", 14, "gpu-slice-test-high")
 
     def placed() -> dict[str, Any] | None:
         got = [p for p in api.pods() if p["metadata"]["name"] == "urgent-14"]
