@@ -37,7 +37,9 @@ class _HostCounts:
         self.nodes = state.n_nodes
         self.counts: dict[Test, tuple[I64, I64, int]] = {}  # per node, node versions, state.changes
 
-    def per_node(self, state: ClusterState, test: Test, shape: PackRequest) -> I64:
+    def per_node(self, state: ClusterState, shape: PackRequest) -> I64:
+        # Acceptance of a multi-GPU shape's units does not depend on how many GPUs it asks.
+        test = (shape.slices, shape.gpu_memory_mib, shape.isolation)
         kept = self.counts.get(test)
         if kept is None:
             per_node: I64 = np.asarray(state.unit_accepts(shape)[state.node_units].sum(axis=1), dtype=np.int64)
@@ -97,8 +99,7 @@ def shape_reach_change(state: ClusterState, req: PackRequest, cands: Candidates,
     for shape, seen in target.multi_gpu.items():
         if shape == own:
             continue  # the pod's own shape: taking a host is what hosts are for
-        # Acceptance of a multi-GPU shape's units does not depend on how many GPUs it asks.
-        per_node = counts.per_node(state, (shape.slices, shape.gpu_memory_mib, shape.isolation), shape)
+        per_node = counts.per_node(state, shape)
         hosts = (per_node >= shape.gpus) & state.product_mask(shape.products)[: state.n_nodes] & state.node_alive
         left = int(np.count_nonzero(hosts))
         if left == 0:

@@ -77,7 +77,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuslice.packing.frag import I64, TargetShapes, TargetWorkload, UnitTable, cpu_need
+from gpuslice.packing.frag import I64, TargetShapes, TargetWorkload, UnitTable
 from gpuslice.packing.state import KIND_MIG, KIND_MPS, Candidates, ClusterState, PackRequest
 from gpuslice.policies import _slice_terms as slice_terms
 from gpuslice.policies._shape_reach import shape_reach_change
@@ -139,10 +139,12 @@ def host_stranding_change(state: ClusterState, req: PackRequest, cands: Candidat
     if n == 0 or shapes.cpu_per_slice <= 0:
         return np.zeros(n)
     node = cands.node
+    if table is None:
+        table = UnitTable.build(state, shapes)
     if node_free is None or node_need is None:
         fm = state.free_matrix()
         node_free = np.maximum(fm, 0).sum(axis=1)
-        node_need = cpu_need(fm, state.kind_m, state.cap_m, shapes).sum(axis=1)
+        node_need = table.cpu_need(fm, table.cls_m).sum(axis=1)
     free = node_free[node].astype(np.float64)
     need = node_need[node]
     cpu = state.node_cpu_free[node].astype(np.float64)
@@ -150,14 +152,8 @@ def host_stranding_change(state: ClusterState, req: PackRequest, cands: Candidat
     need_after = need.copy()
     if req.gpus:
         units = cands.units
-        x = state.unit_free[units]
-        if table is not None:
-            cls = table.unit_cls[units]
-            gone = table.cpu_need(x, cls) - table.cpu_need(x - req.slices, cls)
-        else:
-            kind, cap = state.unit_kind[units], state.unit_cap[units]
-            gone = cpu_need(x, kind, cap, shapes) - cpu_need(x - req.slices, kind, cap, shapes)
-        need_after -= gone.sum(axis=1)
+        x, cls = state.unit_free[units], table.unit_cls[units]
+        need_after -= (table.cpu_need(x, cls) - table.cpu_need(x - req.slices, cls)).sum(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):  # no need: nothing to feed, nothing stranded
         feeds = np.where(need > 1e-9, free * cpu / need, np.inf)
         feeds_after = np.where(need_after > 1e-9, (free - taken) * (cpu - req.cpu_milli) / need_after, np.inf)

@@ -86,13 +86,12 @@ def test_the_policy_keeps_the_last_host_where_fgd_alone_would_break_it() -> None
 def test_host_counts_kept_per_state_match_a_full_pass_after_every_change() -> None:
     state = cluster([[7, 7], [7, 7, 7], [7]], slices=7)
     shape = PackRequest(gpus=2, slices=7)
-    test = (7, 0, "any")
 
     def fresh(st: ClusterState) -> list[int]:
         return [int(x) for x in st.unit_accepts(shape)[st.node_units].sum(axis=1)]
 
     def kept(st: ClusterState) -> list[int]:
-        return [int(x) for x in _host_counts(st).per_node(st, test, shape)]
+        return [int(x) for x in _host_counts(st).per_node(st, shape)]
 
     assert kept(state) == fresh(state) == [2, 3, 1]
     state.take(1, [2], 1, 0, 0)
