@@ -9,6 +9,11 @@ For a node and a target pod shape m = (CPU c, slices k per GPU, GPUs n, allowed 
 A node's fragmentation is the expectation over the target distribution p. Placing a pod only
 changes its node's term, so a candidate's score needs F(node after) - F(node before).
 
+The same expectation in the CPU dimension (:func:`frags_from_stats`): a node's free CPU is fragment
+for every shape the node cannot host (a GPU shape by the rule above, a CPU-only shape when the node
+lacks its CPU). ``fragmentation`` prices it where CPU, not GPU, runs out first
+(:func:`cpu_fragment_rate`).
+
 Two acceptance rules. The paper's (``fgd``, memory-blind): a unit accepts k when it has k free
 slices and is MPS or has capacity k; a shape is keyed by (CPU, k, GPUs, products). The
 *slice-model* rule (``TargetWorkload(aware=True)``, used by ``fragmentation``) mirrors
@@ -273,6 +278,12 @@ class TargetShapes:
     #: Index k: CPU per slice of the GPU shapes that ask exactly k slices per GPU (the pods a MIG
     #: instance or whole GPU of capacity k can host), ``cpu_per_slice`` where no shape asks k.
     cpu_per_slice_at: F64 = field(default_factory=lambda: np.zeros(1))
+    #: The CPU-only shapes' CPU, ascending, and the probability of those asking at most each (a
+    #: leading 0 for "none"): which of them a node's free CPU can host, for the CPU fragment.
+    idle_cpu: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    idle_cum: F64 = field(default_factory=lambda: np.zeros(1))
+    #: CPU (millicores) the whole workload asks per slice, CPU-only pods included (0: no slices asked).
+    cpu_per_slice_all: float = 0.0
 
     @property
     def kvals(self) -> I64:
@@ -311,8 +322,12 @@ class TargetShapes:
         at = np.full(top + 1, cpu_per_slice)
         asked = (weight > 0) & (np.arange(top + 1) > 0)
         at[asked] = per_gpu[asked] / weight[asked] / np.flatnonzero(asked)
+        idle = np.argsort(cpu[~g], kind="stable")
+        all_slices = float((p * gpus * slices).sum())
         return cls(cpu, slices, gpus, prod_ok, p, tests, kidx, idle_mass, GroupTable.build(kidx, gpus, prod_ok, cpu, p),
-                   cpu_per_slice, workload.gpu_memory / workload.gpu_slices if workload.gpu_slices else 0.0, at)
+                   cpu_per_slice, workload.gpu_memory / workload.gpu_slices if workload.gpu_slices else 0.0, at,
+                   cpu[~g][idle], np.concatenate([[0.0], np.cumsum(p[~g][idle])]),
+                   float((p * cpu).sum()) / all_slices if all_slices > 0 else 0.0)
 
 
 def unit_versatility(cap: I64, kind: I64, mem: I64, t: TargetShapes) -> F64:
@@ -382,19 +397,51 @@ def unit_stats(free: I64, acc: B) -> tuple[I64, I64, I64]:
     return cnt.astype(np.int64), sub.astype(np.int64), fr.sum(axis=1).astype(np.int64)
 
 
+def _hosted(cnt: I64, cpu: I64, prod: I64, t: TargetShapes) -> F64:
+    """(B x G): per row, the probability of each group's shapes that the node can host (enough
+    accepting units, an allowed product, and CPU for the shape)."""
+    g = t.groups
+    at = np.searchsorted(g.keys, g.offset + cpu[:, None], side="right") - 1  # B x G: last key <= free CPU
+    return np.asarray(np.where(g.prod_ok[prod] & (cnt[:, g.test] >= g.gpus), g.cum_p[at], 0.0), dtype=np.float64)
+
+
 def frag_from_stats(cnt: I64, sub: I64, total: I64, cpu: I64, prod: I64, t: TargetShapes) -> F64:
     """Expected fragment per row (B) from per-k stats; see the module docstring for the rule.
 
     A shape a node can host contributes its idle slices on non-accepting units (``sub``), any other
     shape all idle slices (``total``); evaluated per :class:`GroupTable` group, all groups at once."""
+    return frags_from_stats(cnt, sub, total, cpu, prod, t)[0]
+
+
+def frags_from_stats(cnt: I64, sub: I64, total: I64, cpu: I64, prod: I64, t: TargetShapes) -> tuple[F64, F64]:
+    """(GPU fragment, CPU fragment) per row: :func:`frag_from_stats`, and the same expectation in
+    the CPU dimension, the node's free CPU for every shape it cannot host (a GPU shape as there, a
+    CPU-only shape when it lacks the CPU), in millicores."""
     tot = total.astype(np.float64)
+    free_cpu = np.maximum(cpu, 0).astype(np.float64)
+    idle_hosted = t.idle_cum[np.searchsorted(t.idle_cpu, cpu, side="right")]
     g = t.groups
     if len(g) == 0:
-        return np.asarray(t.idle_mass * tot, dtype=np.float64)
-    at = np.searchsorted(g.keys, g.offset + cpu[:, None], side="right") - 1  # B x G: last key <= free CPU
-    hosted = np.where(g.prod_ok[prod] & (cnt[:, g.test] >= g.gpus), g.cum_p[at], 0.0)
-    out = t.idle_mass * tot + (hosted * sub[:, g.test]).sum(axis=1) + (g.mass - hosted).sum(axis=1) * tot
-    return np.asarray(out, dtype=np.float64)
+        return (np.asarray(t.idle_mass * tot, dtype=np.float64),
+                np.asarray(free_cpu * np.maximum(1.0 - idle_hosted, 0.0), dtype=np.float64))
+    hosted = _hosted(cnt, cpu, prod, t)
+    gpu = t.idle_mass * tot + (hosted * sub[:, g.test]).sum(axis=1) + (g.mass - hosted).sum(axis=1) * tot
+    cpu_frag = free_cpu * np.maximum(1.0 - hosted.sum(axis=1) - idle_hosted, 0.0)
+    return np.asarray(gpu, dtype=np.float64), np.asarray(cpu_frag, dtype=np.float64)
+
+
+def cpu_fragment_rate(state: ClusterState, t: TargetShapes) -> float:
+    """Slices one millicore of CPU fragment is worth: the workload's slices per millicore where it
+    asks more CPU per slice than the cluster has (CPU runs out before the GPUs fill, so CPU no
+    shape can use is GPU capacity lost), else 0 (GPUs run out first and idle CPU is left over
+    wherever the pods go)."""
+    if t.cpu_per_slice_all <= 0.0:
+        return 0.0
+    alive = state.node_alive[: state.n_nodes]
+    cpu = float(state.node_cpu_cap[: state.n_nodes][alive].sum())
+    if t.cpu_per_slice_all * float(state.total_slices) < cpu:
+        return 0.0
+    return 1.0 / t.cpu_per_slice_all
 
 
 class FragCache:
@@ -407,11 +454,13 @@ class FragCache:
         self.shapes: TargetShapes | None = None
         self.node_ver: I64 = np.zeros(0, dtype=np.int64)
         self.before: F64 = np.zeros(0)
+        self.cpu_before: F64 = np.zeros(0)
         self.cnt: I64 = np.zeros((0, 0), dtype=np.int64)
         self.sub: I64 = np.zeros((0, 0), dtype=np.int64)
         self.total: I64 = np.zeros(0, dtype=np.int64)
         self.need: F64 = np.zeros(0)
-        self.after: dict[tuple[int, int, int], tuple[I64, F64]] = {}
+        #: (CPU, slices, GPUs) of a pod -> per slot: node version, GPU fragment after, CPU fragment after
+        self.after: dict[tuple[int, int, int], tuple[I64, F64, F64]] = {}
         self.versatility: F64 | None = None
         self.table: UnitTable | None = None
 
@@ -426,6 +475,7 @@ class FragCache:
             n, k = state.n_nodes, len(shapes.tests)
             self.node_ver = np.full(n, -1, dtype=np.int64)
             self.before = np.zeros(n)
+            self.cpu_before = np.zeros(n)
             self.cnt = np.zeros((n, k), dtype=np.int64)
             self.sub = np.zeros((n, k), dtype=np.int64)
             self.total = np.zeros(n, dtype=np.int64)
@@ -448,10 +498,15 @@ class FragCache:
             cnt, sub, total = unit_stats(free, self.table.accepts(free, self.table.cls_m[stale]))
             self.cnt[stale], self.sub[stale], self.total[stale] = cnt, sub, total
             self.need[stale] = self.table.cpu_need(free, self.table.cls_m[stale]).sum(axis=1)
-            self.before[stale] = frag_from_stats(cnt, sub, total, state.node_cpu_free[stale],
-                                                 state.node_product[stale], self.shapes)
+            self.before[stale], self.cpu_before[stale] = frags_from_stats(
+                cnt, sub, total, state.node_cpu_free[stale], state.node_product[stale], self.shapes)
             self.node_ver[stale] = state.node_version[stale]
         return self.before
+
+    def node_cpu_frag(self, state: ClusterState) -> F64:
+        """The CPU fragment (:func:`frags_from_stats`) now, for every node."""
+        self.node_frag(state)
+        return self.cpu_before
 
     def unit_versatility(self, state: ClusterState) -> F64:
         """:func:`unit_versatility` of every unit row (the sentinel's is 0), kept until the layout
@@ -470,17 +525,17 @@ class FragCache:
         entry = self.after.get(key)
         size = state.n_nodes * state.width
         if entry is None:
-            entry = (np.full(size, -1, dtype=np.int64), np.zeros(size))
+            entry = (np.full(size, -1, dtype=np.int64), np.zeros(size), np.zeros(size))
             self.after[key] = entry
-        ver, val = entry
+        ver, val, cval = entry
         nodes = cands.node
         stale = np.flatnonzero(ver[cands.slot] != state.node_version[nodes])
         if stale.size:
             sv = nodes[stale]
             cpu_after = state.node_cpu_free[sv] - req.cpu_milli
             if req.gpus == 0:
-                f = frag_from_stats(self.cnt[sv], self.sub[sv], self.total[sv], cpu_after,
-                                    state.node_product[sv], t)
+                f, fc = frags_from_stats(self.cnt[sv], self.sub[sv], self.total[sv], cpu_after,
+                                         state.node_product[sv], t)
             elif req.gpus == 1:
                 u = cands.units[stale, 0]
                 x = state.unit_free[u]
@@ -491,15 +546,21 @@ class FragCache:
                 cnt = self.cnt[sv] - a_old + a_new
                 sub = self.sub[sv] - x[:, None] * ~a_old + np.maximum(x2, 0)[:, None] * ~a_new
                 total = self.total[sv] - req.slices
-                f = frag_from_stats(cnt, sub, total, cpu_after, state.node_product[sv], t)
+                f, fc = frags_from_stats(cnt, sub, total, cpu_after, state.node_product[sv], t)
             else:
                 free = state.free_matrix()[sv]
                 pos = state.unit_pos[cands.units[stale]]
                 rows = np.repeat(np.arange(sv.shape[0]), req.gpus)
                 free[rows, pos.reshape(-1)] -= req.slices
                 cnt, sub, total = unit_stats(free, table.accepts(free, table.cls_m[sv]))
-                f = frag_from_stats(cnt, sub, total, cpu_after, state.node_product[sv], t)
+                f, fc = frags_from_stats(cnt, sub, total, cpu_after, state.node_product[sv], t)
             slots = cands.slot[stale]
             val[slots] = f
+            cval[slots] = fc
             ver[slots] = state.node_version[sv]
         return val[cands.slot]
+
+    def after_cpu_frag(self, state: ClusterState, req: PackRequest, cands: Candidates) -> F64:
+        """The CPU fragment of the node after placing ``req`` as candidate c, per candidate."""
+        self.after_frag(state, req, cands)
+        return self.after[(req.cpu_milli, req.slices if req.gpus else 0, req.gpus)][2][cands.slot]

@@ -58,6 +58,14 @@
    shape's slices x the chance the host will be needed: P(N >= R), N Poisson with mean the
    shape's pods expected among those that fill the free slices, R the hosts left
    (:mod:`_shape_reach`). Nil while hosts are many; near the shape's slices at its last hosts.
+9. Where the workload asks more CPU per slice than the cluster has (CPU-only pods included), CPU
+   runs out before the GPUs fill, and CPU that no shape can use is GPU work lost. FGD's fragment
+   in the CPU dimension: a node's free CPU counts for every learned shape the node cannot host (a
+   GPU shape as FGD's rule says, a CPU-only shape when the node lacks its CPU), in expectation
+   (:func:`gpuslice.packing.frag.frags_from_stats`); its change, at the workload's slices per
+   millicore, joins the delta (:func:`gpuslice.packing.frag.cpu_fragment_rate`). So pods use CPU
+   up where what is left would fit nothing. Where GPUs run out first, idle CPU is left over
+   wherever the pods go, and the term is 0.
 
 The window depends only on the slice granularity: a few levels for fine slices (the milli-GPU
 simulation), none for the coarse slices of real MPS/MIG nodes, where one slice already moves the
@@ -77,7 +85,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuslice.packing.frag import I64, TargetShapes, TargetWorkload, UnitTable
+from gpuslice.packing.frag import I64, TargetShapes, TargetWorkload, UnitTable, cpu_fragment_rate
 from gpuslice.packing.state import KIND_MIG, KIND_MPS, Candidates, ClusterState, PackRequest
 from gpuslice.policies import _slice_terms as slice_terms
 from gpuslice.policies._shape_reach import shape_reach_change
@@ -268,7 +276,7 @@ class Fragmentation(BasePolicy):
     def __init__(self, window: int | None = None, quantile: float = 0.005, stranding_weight: float = 1.0,
                  scarcity_gain: float = SCARCITY_GAIN, pinned_weight: float = 1.0,
                  owner_weight: float = 1.0, reach_weight: float = 1.0, versatility_weight: float = 1.0,
-                 shape_reach_weight: float = 1.0) -> None:
+                 shape_reach_weight: float = 1.0, cpu_weight: float = 1.0) -> None:
         self.window = window
         self.quantile = quantile
         self.stranding_weight = stranding_weight
@@ -278,6 +286,7 @@ class Fragmentation(BasePolicy):
         self.reach_weight = reach_weight
         self.versatility_weight = versatility_weight
         self.shape_reach_weight = shape_reach_weight
+        self.cpu_weight = cpu_weight
 
     def window_for(self, slices_per_gpu: int) -> int:
         """The leftover rule's window in FGD levels: as set, else by slice granularity."""
@@ -306,6 +315,11 @@ class Fragmentation(BasePolicy):
             delta += self.versatility_weight * slice_terms.versatility_change(state, req, cands, versatility)
         ratios, pinned = mem.product_loads(state)
         delta += product_scarcity(state, req, cands, ratios, pinned, self.scarcity_gain, self.pinned_weight)
+        if self.cpu_weight:
+            rate = cpu_fragment_rate(state, mem.current(state))
+            if rate > 0.0:  # frag_delta above filled the cache's CPU fragments for this pod
+                cpu_frag = mem.cache.after_cpu_frag(state, req, cands) - mem.cache.node_cpu_frag(state)[cands.node]
+                delta += self.cpu_weight * rate * cpu_frag
         if self.stranding_weight:
             # frag_delta above refreshed the cache's per-node idle totals (free slices, usable units)
             stranded_host = host_stranding_change(state, req, cands, mem.current(state), mem.cache.total,

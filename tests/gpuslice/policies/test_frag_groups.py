@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuslice.packing.frag import TargetShapes, TargetWorkload, frag_from_stats
+from gpuslice.packing.frag import TargetShapes, TargetWorkload, frag_from_stats, frags_from_stats
 from gpuslice.packing.state import PackRequest
 
 PRODUCTS = ("A100", "H100", "L4")
@@ -19,6 +19,14 @@ def by_definition(cnt: np.ndarray, sub: np.ndarray, total: np.ndarray, cpu: np.n
     on non-accepting units; otherwise every idle slice. Weighted by m's probability."""
     host = (t.gpus > 0) & (cpu[:, None] >= t.cpu) & t.prod_ok[prod] & (cnt[:, t.kidx] >= t.gpus)
     return np.asarray(np.where(host, sub[:, t.kidx], total[:, None]) @ t.p)
+
+
+def cpu_by_definition(cnt: np.ndarray, cpu: np.ndarray, prod: np.ndarray, t: TargetShapes) -> np.ndarray:
+    """The node's free CPU for each shape it cannot host: a GPU shape as above, a CPU-only shape
+    when the node lacks its CPU. Weighted by m's probability."""
+    gpu_host = (t.gpus > 0) & (cpu[:, None] >= t.cpu) & t.prod_ok[prod] & (cnt[:, t.kidx] >= t.gpus)
+    cpu_host = (t.gpus == 0) & (cpu[:, None] >= t.cpu)
+    return np.asarray(np.maximum(cpu, 0) * ((~(gpu_host | cpu_host)) @ t.p))
 
 
 @settings(max_examples=40, deadline=None)
@@ -43,6 +51,9 @@ def test_grouped_fragment_equals_the_per_shape_definition(seed: int, pods: int, 
     prod = rng.integers(0, len(PRODUCTS), size=rows)
     got = frag_from_stats(cnt, sub, total, cpu, prod, t)
     assert np.allclose(got, by_definition(cnt, sub, total, cpu, prod, t), rtol=1e-12, atol=1e-9)
+    gpu, cpu_frag = frags_from_stats(cnt, sub, total, cpu, prod, t)
+    assert np.array_equal(gpu, got)
+    assert np.allclose(cpu_frag, cpu_by_definition(cnt, cpu, prod, t), rtol=1e-12, atol=1e-6)
 
 
 def test_many_distinct_cpu_requests_make_few_groups() -> None:

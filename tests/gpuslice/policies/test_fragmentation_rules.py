@@ -1,9 +1,10 @@
-"""Rules of ``fragmentation`` beside FGD's level: CPU stranding, the leftover window."""
+"""Rules of ``fragmentation`` beside FGD's level: CPU stranding, the CPU fragment, the leftover window."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from gpuslice.packing.frag import cpu_fragment_rate
 from gpuslice.packing.state import (
     KIND_MIG,
     KIND_MPS,
@@ -76,6 +77,45 @@ def test_host_memory_strands_slices_as_cpu_does() -> None:
     np.testing.assert_allclose(change, [250.0, 0.0])
     assert pick(Fragmentation(), state, small, seen) == 1
     assert pick(Fragmentation(stranding_weight=0.0), state, small, seen) == 0  # node order alone
+
+
+#: CPU-only pods of 8 and 12 cores and a GPU pod asking 32 cores for one GPU: 52 cores per GPU of
+#: work, CPU-only pods included (a cluster with fewer cores per GPU runs out of CPU first).
+CPU_HEAVY = [PackRequest(cpu_milli=8000), PackRequest(cpu_milli=12000),
+             PackRequest(cpu_milli=32000, gpus=1, slices=1000)]
+
+
+def test_cpu_fragment_counts_where_cpu_runs_out_first() -> None:
+    # Two nodes whose GPU is taken: 20 and 8 free cores, 28 in all for 2 GPUs (104 asked). No idle
+    # GPU anywhere, so FGD's GPU fragment and the stranding term are 0 on both. An 8-core pod on
+    # node 1 uses its CPU up (8 cores that only the 8-core shape could use: fragment 8 x 2/3 -> 0);
+    # on node 0 it leaves 12 cores (fragment 20 x 1/3 -> 12 x 1/3). So node 1 gains more.
+    state = cluster([[0], [0]], cpus=[20000, 8000])
+    pod = PackRequest(cpu_milli=8000)
+    shapes = learned(Fragmentation(), CPU_HEAVY).current(state)
+    assert shapes.cpu_per_slice_all == 52.0
+    assert cpu_fragment_rate(state, shapes) == 1.0 / 52.0
+    mem = learned(Fragmentation(), CPU_HEAVY)
+    cands = enumerate_candidates(state, pod)
+    pol = Fragmentation()
+    pol.score(state, pod, cands, mem)  # fills the cache
+    change = mem.cache.after_cpu_frag(state, pod, cands) - mem.cache.node_cpu_frag(state)[cands.node]
+    np.testing.assert_allclose(change, [(12000 - 20000) / 3, -8000 * 2 / 3])
+    assert pick(Fragmentation(), state, pod, CPU_HEAVY) == 1
+    assert pick(Fragmentation(cpu_weight=0.0), state, pod, CPU_HEAVY) == 0  # node order alone
+
+
+def test_cpu_fragment_is_free_where_gpus_run_out_first() -> None:
+    # The same nodes with 200 and 188 free cores: 388 for 2 GPUs, more than the 104 the work asks,
+    # so idle CPU is left over wherever the pod goes and the term is 0.
+    state = cluster([[0], [0]], cpus=[200000, 188000])
+    shapes = learned(Fragmentation(), CPU_HEAVY).current(state)
+    assert cpu_fragment_rate(state, shapes) == 0.0
+    pod = PackRequest(cpu_milli=8000)
+    cands = enumerate_candidates(state, pod)
+    on, off = Fragmentation(), Fragmentation(cpu_weight=0.0)
+    np.testing.assert_array_equal(on.score(state, pod, cands, learned(on, CPU_HEAVY)),
+                                  off.score(state, pod, cands, learned(off, CPU_HEAVY)))
 
 
 #: Learned on a MIG cluster: 1-slice and 7-slice pods, each asking 4 cores, one of each; 1 core
