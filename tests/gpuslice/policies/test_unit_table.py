@@ -94,11 +94,13 @@ def test_cached_fragment_after_a_placement_equals_a_fresh_one(seed: int) -> None
         if len(cands) == 0:
             continue
         after = cache.after_frag(state, pod, cands)
+        after_cpu = cache.after_cpu_frag(state, pod, cands)
         for i in rng.permutation(len(cands))[:3]:
             node, units = int(cands.node[i]), [int(u) for u in cands.units[i]]
             state.take(node, units, pod.slices, pod.cpu_milli, pod.memory_mib)
             fresh, _ = synced_cache(state, target)
             assert fresh.node_frag(state)[node] == after[i]
+            assert fresh.node_cpu_frag(state)[node] == after_cpu[i]
             state.give_back(node, units, pod.slices, pod.cpu_milli, pod.memory_mib)
             checked += 1
         i = int(rng.integers(len(cands)))  # keep one, so later pods see a changed state
