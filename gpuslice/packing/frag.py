@@ -518,6 +518,14 @@ class FragCache:
 
     def after_frag(self, state: ClusterState, req: PackRequest, cands: Candidates) -> F64:
         """F(node after placing ``req`` as candidate c), per candidate."""
+        return self._after(state, req, cands)[0]
+
+    def after_cpu_frag(self, state: ClusterState, req: PackRequest, cands: Candidates) -> F64:
+        """The CPU fragment of the node after placing ``req`` as candidate c, per candidate."""
+        return self._after(state, req, cands)[1]
+
+    def _after(self, state: ClusterState, req: PackRequest, cands: Candidates) -> tuple[F64, F64]:
+        """(GPU fragment, CPU fragment) after each candidate, refreshing the stale slots of the pod's entry."""
         t, table = self.shapes, self.table
         assert t is not None and table is not None
         self.node_frag(state)
@@ -558,9 +566,4 @@ class FragCache:
             val[slots] = f
             cval[slots] = fc
             ver[slots] = state.node_version[sv]
-        return val[cands.slot]
-
-    def after_cpu_frag(self, state: ClusterState, req: PackRequest, cands: Candidates) -> F64:
-        """The CPU fragment of the node after placing ``req`` as candidate c, per candidate."""
-        self.after_frag(state, req, cands)
-        return self.after[(req.cpu_milli, req.slices if req.gpus else 0, req.gpus)][2][cands.slot]
+        return val[cands.slot], cval[cands.slot]
