@@ -284,6 +284,8 @@ class TargetShapes:
     idle_cum: F64 = field(default_factory=lambda: np.zeros(1))
     #: CPU (millicores) the whole workload asks per slice, CPU-only pods included (0: no slices asked).
     cpu_per_slice_all: float = 0.0
+    #: GPU pods counted in the distribution: the sample size behind its shares.
+    gpu_pods: float = 0.0
 
     @property
     def kvals(self) -> I64:
@@ -327,7 +329,7 @@ class TargetShapes:
         return cls(cpu, slices, gpus, prod_ok, p, tests, kidx, idle_mass, GroupTable.build(kidx, gpus, prod_ok, cpu, p),
                    cpu_per_slice, workload.gpu_memory / workload.gpu_slices if workload.gpu_slices else 0.0, at,
                    cpu[~g][idle], np.concatenate([[0.0], np.cumsum(p[~g][idle])]),
-                   float((p * cpu).sum()) / all_slices if all_slices > 0 else 0.0)
+                   float((p * cpu).sum()) / all_slices if all_slices > 0 else 0.0, float(n[g].sum()))
 
 
 def unit_versatility(cap: I64, kind: I64, mem: I64, t: TargetShapes) -> F64:

@@ -13,6 +13,14 @@ on the least loaded products until they share one level, and a product whose pin
 above that level keeps a higher ratio. A product's *load ratio* (load / capacity) is what its
 capacity is worth to the workload compared with the others: a pod that could run on a product at
 the common level but takes one above it spends capacity that only pinned pods could have used.
+
+The demand is learned from the pods seen, and a sample of n pods can miss a pinned group
+altogether: early on, a small product nobody has yet been seen pinned to looks as idle as a large
+one, and unrestricted pods use it up before its pinned pods arrive. Once the workload has shown
+that it pins pods at all, every product therefore carries one more group pinned to it alone, at
+the bound statistics gives for an event not seen in n trials, 3 / n of the GPU demand (the rule
+of three, 95 %). It weighs most on the small products, where a few pinned pods need all the
+capacity, and fades as pods arrive.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ B = NDArray[np.bool_]
 #: Block-coordinate sweeps; the problem has a handful of products and shape groups, and the loads
 #: stop moving (to 1e-9 of the capacity) well before this on every workload in bench/.
 SWEEPS = 200
+#: The rule of three: a group of pods not seen among n has probability at most 3 / n (95 %).
+UNSEEN_BOUND = 3.0
 
 
 def _fill(base: F64, cap: F64, amount: float) -> F64:
@@ -97,15 +107,24 @@ def product_free(state: ClusterState) -> F64:
                        minlength=len(state.products)).astype(np.float64)
 
 
-def demand_groups(shapes: TargetShapes) -> tuple[F64, B]:
-    """The target's GPU demand (slices per pod, weighted by probability) grouped by allowed products."""
+def demand_groups(shapes: TargetShapes, unseen: float = UNSEEN_BOUND) -> tuple[F64, B]:
+    """The target's GPU demand (slices per pod, weighted by probability) grouped by allowed products.
+
+    Where some shape is pinned, one more group per product, pinned to it alone, with min(1, ``unseen``
+    / GPU pods seen) of the GPU demand: the pinned demand the sample may not have shown yet."""
+    k = shapes.prod_ok.shape[0]
     gpu = shapes.gpus > 0
     if not gpu.any():
-        return np.zeros(0), np.zeros((0, shapes.prod_ok.shape[0]), dtype=bool)
+        return np.zeros(0), np.zeros((0, k), dtype=bool)
     demand = shapes.p * shapes.gpus * shapes.slices
     cols, group = np.unique(shapes.prod_ok[:, gpu].T, axis=0, return_inverse=True)
-    per_group = np.bincount(group.reshape(-1), weights=demand[gpu], minlength=cols.shape[0])
-    return per_group.astype(np.float64), cols.astype(bool)
+    per_group = np.bincount(group.reshape(-1), weights=demand[gpu], minlength=cols.shape[0]).astype(np.float64)
+    cols = cols.astype(bool)
+    if unseen > 0 and k > 1 and shapes.gpu_pods > 0 and not cols.all():
+        share = min(1.0, unseen / shapes.gpu_pods) * float(demand[gpu].sum())
+        per_group = np.concatenate([per_group, np.full(k, share)])
+        cols = np.concatenate([cols, np.eye(k, dtype=bool)])
+    return per_group, cols
 
 
 class ProductLoads:
@@ -118,8 +137,9 @@ class ProductLoads:
     ``pinned``: per product, the share of its free capacity that the spread gives to pinned demand
     (shapes that may not use every product): what a slice taken there by another pod displaces."""
 
-    def __init__(self, tolerance: float = 0.002) -> None:
+    def __init__(self, tolerance: float = 0.002, unseen: float = UNSEEN_BOUND) -> None:
         self.tolerance = tolerance
+        self.unseen = unseen  # see demand_groups
         self.version = -1
         self.basis = np.zeros(0)
         self.ratios = np.zeros(0)
@@ -133,7 +153,7 @@ class ProductLoads:
         k = len(state.products)
         fresh = version != self.version or self.eligible.shape[1:] != (k,)
         if fresh:
-            self.demand, self.eligible = demand_groups(shapes)
+            self.demand, self.eligible = demand_groups(shapes, self.unseen)
             self.version, self.assign = version, None
         if self.eligible.all():  # nothing pinned: every product is worth the same
             if fresh:

@@ -30,7 +30,10 @@
    one it may use adds its slices x ``SCARCITY_GAIN`` x the difference (at most ``SCARCITY_CAP``
    x its slices) to the delta, plus its slices x the share of that product's
    capacity the spread gives to pinned demand beyond its least pinned choice (a slice taken there
-   displaces that share of a pinned pod's slice). Without pinned shapes both terms are 0.
+   displaces that share of a pinned pod's slice). Without pinned shapes both terms are 0. A sample
+   of pods can miss a product's pinned pods altogether, so once some pod is pinned, each product
+   also carries the pinned demand the sample may not have shown yet (the rule of three: 3 / n of
+   the GPU demand), which protects the small products while few pods have been seen.
 6. The owner-spread rule (never two pods of one owner on a GPU) makes the owner part of what a pod
    can use. A pod closes the GPUs it takes to its owner's later pods, so the idle slices left
    there that would still take the pod's shape become fragment for that owner; weighted by the
@@ -86,6 +89,7 @@ from typing import Any
 import numpy as np
 
 from gpuslice.packing.frag import I64, TargetShapes, TargetWorkload, UnitTable, cpu_fragment_rate
+from gpuslice.packing.scarcity import UNSEEN_BOUND, ProductLoads
 from gpuslice.packing.state import KIND_MIG, KIND_MPS, Candidates, ClusterState, PackRequest
 from gpuslice.policies import _slice_terms as slice_terms
 from gpuslice.policies._shape_reach import shape_reach_change
@@ -276,7 +280,8 @@ class Fragmentation(BasePolicy):
     def __init__(self, window: int | None = None, quantile: float = 0.005, stranding_weight: float = 1.0,
                  scarcity_gain: float = SCARCITY_GAIN, pinned_weight: float = 1.0,
                  owner_weight: float = 1.0, reach_weight: float = 1.0, versatility_weight: float = 1.0,
-                 shape_reach_weight: float = 1.0, cpu_weight: float = 1.0) -> None:
+                 shape_reach_weight: float = 1.0, cpu_weight: float = 1.0,
+                 unseen_bound: float = UNSEEN_BOUND) -> None:
         self.window = window
         self.quantile = quantile
         self.stranding_weight = stranding_weight
@@ -287,6 +292,7 @@ class Fragmentation(BasePolicy):
         self.versatility_weight = versatility_weight
         self.shape_reach_weight = shape_reach_weight
         self.cpu_weight = cpu_weight
+        self.unseen_bound = unseen_bound
 
     def window_for(self, slices_per_gpu: int) -> int:
         """The leftover rule's window in FGD levels: as set, else by slice granularity."""
@@ -295,7 +301,8 @@ class Fragmentation(BasePolicy):
         return FINE_WINDOW if slices_per_gpu >= FINE_SLICES else COARSE_WINDOW
 
     def new_memory(self, ctx: PolicyContext) -> Any:
-        mem = FragMemory(TargetWorkload(), online=True)  # as new_frag_memory(ctx, offline=False)
+        mem = FragMemory(TargetWorkload(), online=True,  # as new_frag_memory(ctx, offline=False)
+                         loads=ProductLoads(unseen=self.unseen_bound))
         mem.target.aware = True  # slice-model targets: memory floors and isolation (frag.py)
         return mem
 

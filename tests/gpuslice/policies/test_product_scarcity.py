@@ -9,7 +9,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuslice.packing.scarcity import load_ratios
+from gpuslice.packing.frag import TargetShapes
+from gpuslice.packing.scarcity import demand_groups, load_ratios
 from gpuslice.packing.state import ClusterState, PackRequest, enumerate_candidates
 from gpuslice.policies.fragmentation import Fragmentation
 from tests.gpuslice.policies.helpers import cluster, learned
@@ -89,16 +90,62 @@ def test_pinned_pods_and_unpinned_workloads_are_scored_as_without_the_term() -> 
 def test_at_equal_loads_an_unpinned_pod_leaves_the_product_whose_capacity_pinned_pods_hold() -> None:
     # One pod in ten pinned to each product: FGD sees every node alike. Unpinned demand levels
     # both products, but pinned demand holds 0.8 of T4's 2 GPUs' worth against 0.8 of G2's 6.
+    # (The bound on pinned demand not yet seen is off: this test is about the demand seen.)
     state = cluster([[1000, 1000]] * 4, products=["G2", "G2", "G2", "T4"])
     seen = [T4_ONLY, G2_ONLY] + [ANY] * 8
     cands = enumerate_candidates(state, ANY)
     t4 = np.asarray(cands.node) == 3
-    pol = Fragmentation()
+    pol = Fragmentation(unseen_bound=0.0)
     mem = learned(pol, seen)
     score = pol.score(state, ANY, cands, mem)
     np.testing.assert_allclose(mem.loads.ratios, 1.0)
     np.testing.assert_allclose(mem.loads.pinned, [0.8 / 6, 0.8 / 2])
     assert score[~t4].min() > score[t4].max()
-    off = Fragmentation(pinned_weight=0.0)
+    off = Fragmentation(pinned_weight=0.0, unseen_bound=0.0)
     plain = off.score(state, ANY, cands, learned(off, seen))
     assert plain.min() == plain.max()
+
+
+def _shapes(pol: Fragmentation, seen: list[PackRequest], state: ClusterState) -> TargetShapes:
+    return learned(pol, seen).current(state)
+
+
+def test_unseen_pinned_demand_is_one_group_per_product_at_three_over_n() -> None:
+    state = _two_products()
+    pol = Fragmentation()
+    # 30 GPU pods, one pinned: every product gets a group pinned to it alone, 3/30 of the demand
+    shapes = _shapes(pol, [G2_ONLY] + [ANY] * 29, state)
+    demand, eligible = demand_groups(shapes)
+    total = 30 * 500 / 30  # probability-weighted slices per pod, all GPU pods
+    np.testing.assert_allclose(demand[-2:], [total * 3 / 30] * 2)
+    assert eligible[-2:].tolist() == [[True, False], [False, True]]
+    np.testing.assert_allclose(demand[:-2].sum(), total)
+    # no pinned pod seen: no group added; a bound of 0: none either
+    for seen, bound in (([ANY] * 30, 3.0), ([G2_ONLY] + [ANY] * 29, 0.0)):
+        demand, eligible = demand_groups(_shapes(pol, seen, state), bound)
+        np.testing.assert_allclose(demand.sum(), total)
+        assert demand.shape[0] == eligible.shape[0] == (1 if seen[0] is ANY else 2)
+    # never more than all of the demand, however few pods
+    shapes = _shapes(pol, [G2_ONLY, ANY], state)
+    demand, _ = demand_groups(shapes)
+    np.testing.assert_allclose(demand[-2:], demand[:-2].sum())
+
+
+def test_early_an_unpinned_pod_keeps_off_a_small_product_whose_pinned_pods_are_not_seen_yet() -> None:
+    # The workload has pinned pods to G2 only. Seen as it is, G2 is the loaded product and the
+    # unpinned pod should take T4; but after 20 pods the sample cannot rule out T4's own pinned pods,
+    # which would need all of its small capacity, so the pod stays on G2. After 2,000 the bound is
+    # spent and the pod goes to T4.
+    state = _two_products()
+    cands = enumerate_candidates(state, ANY)
+    t4 = np.asarray(cands.node) == 3
+
+    def prefers_t4(pol: Fragmentation, pods: int) -> bool:
+        seen = [G2_ONLY] * (pods // 10) + [ANY] * (pods - pods // 10)
+        score = pol.score(state, ANY, cands, learned(pol, seen))
+        assert score[t4].min() != score[~t4].max()
+        return bool(score[t4].min() > score[~t4].max())
+
+    assert not prefers_t4(Fragmentation(), 20)
+    assert prefers_t4(Fragmentation(unseen_bound=0.0), 20)
+    assert prefers_t4(Fragmentation(), 2000)
