@@ -134,7 +134,7 @@ class TargetWorkload:
         _, k, g, prods, floor, isolation = self.key(req)
         return PackRequest(gpus=g, slices=k, gpu_memory_mib=floor, products=prods, isolation=isolation)
 
-    def expected_pods(self, seen: int, free: float) -> float:
+    def expected_pods(self, seen: float, free: float) -> float:
         """Of the pods expected to fill ``free`` slices, those of a kind ``seen`` times among the GPU
         pods so far: ``seen`` x free / slices asked (0 before any GPU pod)."""
         return seen * free / self.gpu_slices if self.gpu_slices > 0 else 0.0

@@ -7,6 +7,12 @@ the chance that it will be needed: that the shape's pods still to come (Poisson,
 its pods expected among those that fill the free slices) are at least the hosts left (``R``). With
 hosts many against ``E`` the chance is nil, so the term stays out of the way while capacity is
 plentiful, and it nears the shape's slices as the last hosts go.
+
+The sizes learned are those seen so far, and a node can be broken up before the first pod of its
+size arrives. Once the workload has shown multi-GPU pods, every size from two GPUs to the largest
+node's that no pod seen has asked is counted as if ``unseen`` of its pods had been seen (the rule
+of three: a kind of pod not seen among n has probability at most 3 / n), so the last nodes able to
+take a size nobody has asked for yet are not given away for free while few pods have been seen.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from weakref import WeakKeyDictionary
 import numpy as np
 
 from gpuslice.packing.frag import I64, TargetWorkload
+from gpuslice.packing.scarcity import UNSEEN_BOUND
 from gpuslice.packing.state import Candidates, ClusterState, PackRequest
 from gpuslice.policies.base import F64
 
@@ -82,12 +89,26 @@ def poisson_tail(mean: float, at_least: int) -> float:
     return max(0.0, 1.0 - below)
 
 
+def multi_gpu_shapes(state: ClusterState, target: TargetWorkload,
+                     unseen: float = UNSEEN_BOUND) -> dict[PackRequest, float]:
+    """The learned multi-GPU shapes with their pods seen and, once there is one, a whole-GPU shape of
+    every size from 2 GPUs to the largest node's that none of them asks, counted as ``unseen`` pods."""
+    shapes: dict[PackRequest, float] = {shape: float(seen) for shape, seen in target.multi_gpu.items()}
+    if not shapes or unseen <= 0:
+        return shapes
+    asked = {shape.gpus for shape in shapes}
+    for gpus in range(2, state.max_node_gpus + 1):
+        if gpus not in asked:
+            shapes[PackRequest(gpus=gpus, slices=state.slices_per_gpu)] = unseen
+    return shapes
+
+
 def shape_reach_change(state: ClusterState, req: PackRequest, cands: Candidates, target: TargetWorkload,
-                       free: float) -> F64:
-    """Per candidate, the sum over learned multi-GPU shapes (other than the pod's own) of slices x
-    P(N >= R) for each shape whose host the placement ends: a node that, after it, has fewer free
-    units accepting the shape than it asks. Hosts are counted by their units only (a node's CPU
-    is point 3's). ``free``: the cluster's free slices
+                       free: float, unseen: float = UNSEEN_BOUND) -> F64:
+    """Per candidate, the sum over multi-GPU shapes (:func:`multi_gpu_shapes`, other than the pod's
+    own) of slices x P(N >= R) for each shape whose host the placement ends: a node that, after it,
+    has fewer free units accepting the shape than it asks. Hosts are counted by their units only (a
+    node's CPU is point 3's). ``free``: the cluster's free slices
     (:func:`gpuslice.policies.fragmentation.usable_free_slices`)."""
     n = len(cands)
     out = np.zeros(n)
@@ -96,7 +117,7 @@ def shape_reach_change(state: ClusterState, req: PackRequest, cands: Candidates,
     own = target.gpu_shape(req)
     node = cands.node
     counts = _host_counts(state)
-    for shape, seen in target.multi_gpu.items():
+    for shape, seen in multi_gpu_shapes(state, target, unseen).items():
         if shape == own:
             continue  # the pod's own shape: taking a host is what hosts are for
         per_node = counts.per_node(state, shape)

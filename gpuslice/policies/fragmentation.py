@@ -61,6 +61,8 @@
    shape's slices x the chance the host will be needed: P(N >= R), N Poisson with mean the
    shape's pods expected among those that fill the free slices, R the hosts left
    (:mod:`_shape_reach`). Nil while hosts are many; near the shape's slices at its last hosts.
+   Once multi-GPU pods have been seen, a size none of them has asked yet counts as seen 3 times
+   (the rule of three, as in point 5), so a node is not broken up just before its size arrives.
 9. Where the workload asks more CPU per slice than the cluster has (CPU-only pods included), CPU
    runs out before the GPUs fill, and CPU that no shape can use is GPU work lost. FGD's fragment
    in the CPU dimension: a node's free CPU counts for every learned shape the node cannot host (a
@@ -337,7 +339,7 @@ class Fragmentation(BasePolicy):
         if req.owner and req.gpus:
             delta += self._owner_terms(state, req, cands, target, free)
         if free is not None:
-            delta += self.shape_reach_weight * shape_reach_change(state, req, cands, target, free)
+            delta += self.shape_reach_weight * shape_reach_change(state, req, cands, target, free, self.unseen_bound)
         level = levels(sigmoid_score(delta, state.slices_per_gpu))
         out = 0.49 * level / 100.0
         if req.gpus == 0:

@@ -10,7 +10,7 @@ import pytest
 
 from gpuslice.packing.frag import TargetWorkload
 from gpuslice.packing.state import KIND_MPS, ClusterState, PackRequest, UnitSpec, enumerate_candidates
-from gpuslice.policies._shape_reach import _host_counts, poisson_tail, shape_reach_change
+from gpuslice.policies._shape_reach import _host_counts, multi_gpu_shapes, poisson_tail, shape_reach_change
 from gpuslice.policies.fragmentation import Fragmentation, usable_free_slices
 
 from .helpers import cluster, learned
@@ -80,6 +80,30 @@ def test_the_policy_keeps_the_last_host_where_fgd_alone_would_break_it() -> None
         return int(cands.node[int(np.argmax(pol.score(state, SMALL, cands, learned(pol, seen))))])
 
     assert pick(Fragmentation(shape_reach_weight=0.0)) == 0
+    assert pick(Fragmentation()) == 1
+
+
+def test_each_size_no_pod_has_asked_yet_counts_as_three_pods_once_multi_gpu_pods_are_seen() -> None:
+    state = cluster([[7, 7, 7, 7], [7, 7]], slices=7)  # the largest node has 4 GPUs
+    pair = PackRequest(gpus=2, slices=7)
+    assert multi_gpu_shapes(state, _target([SMALL] * 9 + [PAIR])) == {
+        pair: 1.0, PackRequest(gpus=3, slices=7): 3.0, PackRequest(gpus=4, slices=7): 3.0}
+    assert multi_gpu_shapes(state, _target([SMALL] * 9 + [PAIR]), unseen=0.0) == {pair: 1.0}
+    assert multi_gpu_shapes(state, _target([SMALL] * 10)) == {}  # no multi-GPU pod seen: none assumed
+
+
+def test_the_policy_keeps_the_last_host_of_a_size_not_seen_yet() -> None:
+    # Node 0 is the only node with four idle GPUs. The pods seen ask one slice, two slices or two
+    # GPUs, never four, and the rest of the policy would break node 0 up (node 1's two free slices
+    # suit a 2-slice pod better); with 100 pods seen, a 4-GPU pod cannot be ruled out.
+    state = cluster([[7, 7, 7, 7], [2, 7, 7]], slices=7)
+    seen = [SMALL] * 60 + [TWO] * 39 + [PAIR]
+
+    def pick(pol: Fragmentation) -> int:
+        cands = enumerate_candidates(state, SMALL)
+        return int(cands.node[int(np.argmax(pol.score(state, SMALL, cands, learned(pol, seen))))])
+
+    assert pick(Fragmentation(unseen_bound=0.0)) == 0
     assert pick(Fragmentation()) == 1
 
 
