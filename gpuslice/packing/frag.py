@@ -407,18 +407,13 @@ def _hosted(cnt: I64, cpu: I64, prod: I64, t: TargetShapes) -> F64:
     return np.asarray(np.where(g.prod_ok[prod] & (cnt[:, g.test] >= g.gpus), g.cum_p[at], 0.0), dtype=np.float64)
 
 
-def frag_from_stats(cnt: I64, sub: I64, total: I64, cpu: I64, prod: I64, t: TargetShapes) -> F64:
-    """Expected fragment per row (B) from per-k stats; see the module docstring for the rule.
-
-    A shape a node can host contributes its idle slices on non-accepting units (``sub``), any other
-    shape all idle slices (``total``); evaluated per :class:`GroupTable` group, all groups at once."""
-    return frags_from_stats(cnt, sub, total, cpu, prod, t)[0]
-
-
 def frags_from_stats(cnt: I64, sub: I64, total: I64, cpu: I64, prod: I64, t: TargetShapes) -> tuple[F64, F64]:
-    """(GPU fragment, CPU fragment) per row: :func:`frag_from_stats`, and the same expectation in
-    the CPU dimension, the node's free CPU for every shape it cannot host (a GPU shape as there, a
-    CPU-only shape when it lacks the CPU), in millicores."""
+    """(GPU fragment, CPU fragment) per row (B) from per-k stats; see the module docstring for the rule.
+
+    GPU: a shape a node can host contributes its idle slices on non-accepting units (``sub``), any
+    other shape all idle slices (``total``). CPU: the node's free CPU for every shape it cannot host
+    (a GPU shape as for the GPU fragment, a CPU-only shape when it lacks the CPU), in millicores.
+    Evaluated per :class:`GroupTable` group, all groups at once."""
     tot = total.astype(np.float64)
     free_cpu = np.maximum(cpu, 0).astype(np.float64)
     idle_hosted = t.idle_cum[np.searchsorted(t.idle_cpu, cpu, side="right")]
