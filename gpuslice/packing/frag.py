@@ -38,7 +38,7 @@ a different CPU amount costs per group, not per shape.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import NDArray
@@ -57,6 +57,9 @@ ShapeKey = tuple[int, int, int, frozenset[str] | None, int, str]
 #: Owners whose expected next request a target keeps (:meth:`TargetWorkload.other_owners` draws on
 #: them); the policy looks at fewer.
 TRACKED_OWNERS = 16
+#: Single-GPU shapes kept per tracked owner (its pods can differ in GPU-memory floor): an owner with
+#: more distinct shapes keeps counting those it has and ignores new ones, so memory stays bounded.
+OWNER_SHAPES = 8
 
 ISOLATION_CODES = {"any": 0, "mig": 1, "mps": 2}
 
@@ -80,10 +83,13 @@ class TargetWorkload:
     #: GPU pods seen per owner (ReplicaSet, StatefulSet): the owner-spread rule makes an owner part
     #: of what a pod can use, and the owner's share of the pods is its weight (``owner_share``).
     owners: dict[str, int] = field(default_factory=dict)
-    #: The last GPU request (what its next pod is expected to ask) of each of the ``TRACKED_OWNERS``
-    #: largest owners, and of no other: kept as pods arrive, so a decision never scans every owner a
-    #: long-lived cluster has seen. Exact, since counts only grow.
+    #: The last GPU request of each of the ``TRACKED_OWNERS`` largest owners, and of no other: kept
+    #: as pods arrive, so a decision never scans every owner a long-lived cluster has seen. Exact,
+    #: since counts only grow. What the owner's next pod asks is :meth:`owner_mixture`.
     owner_requests: dict[str, PackRequest] = field(default_factory=dict)
+    #: Per tracked owner, its single-GPU pods counted by shape (:meth:`gpu_shape` with the owner):
+    #: the mix its next pod is drawn from (:meth:`owner_mixture`). Dropped with the owner.
+    owner_shapes: dict[str, dict[PackRequest, int]] = field(default_factory=dict)
     #: GPU pods seen per multi-GPU shape less its CPU (unit acceptance does not read CPU), kept as
     #: pods arrive: ``fragmentation`` prices the nodes that can still host each (its point 8).
     multi_gpu: dict[PackRequest, int] = field(default_factory=dict)
@@ -116,10 +122,16 @@ class TargetWorkload:
             if self.owners[smallest] >= n:
                 return
             del tracked[smallest]
+            self.owner_shapes.pop(smallest, None)
         tracked[req.owner] = req
+        if req.gpus == 1:
+            shapes = self.owner_shapes.setdefault(req.owner, {})
+            shape = replace(self.gpu_shape(req), owner=req.owner)
+            if shape in shapes or len(shapes) < OWNER_SHAPES:
+                shapes[shape] = shapes.get(shape, 0) + 1
 
     def other_owners(self, owner: str, limit: int, min_share: float) -> list[tuple[float, PackRequest]]:
-        """(share, expected request) of the ``limit`` largest single-GPU owners other than ``owner``
+        """(share, last request) of the ``limit`` largest single-GPU owners other than ``owner``
         with at least ``min_share`` of the pods seen, largest first, among the tracked ones."""
         if self.seen == 0:
             return []
@@ -128,6 +140,15 @@ class TargetWorkload:
                if self.owners[o] >= floor and o != owner and r.gpus == 1]
         big.sort(key=lambda no: (-no[0], no[1]))
         return [(n / self.seen, self.owner_requests[o]) for n, o in big[:limit]]
+
+    def owner_mixture(self, owner: str) -> list[tuple[float, PackRequest]]:
+        """(part, shape) for each single-GPU shape counted for ``owner`` (parts sum to 1; empty for
+        an owner not tracked): what its next pod asks, as a mix rather than its last pod."""
+        shapes = self.owner_shapes.get(owner)
+        if not shapes:
+            return []
+        total = sum(shapes.values())
+        return [(n / total, shape) for shape, n in shapes.items()]
 
     def gpu_shape(self, req: PackRequest) -> PackRequest:
         """``req`` as a shape less its CPU (what unit acceptance reads), as :meth:`key` keeps it."""
@@ -159,7 +180,7 @@ class TargetWorkload:
             kept[key] = n
             covered += n
         return cls(kept, covered, gpu_memory=full.gpu_memory, gpu_slices=full.gpu_slices, owners=full.owners,
-                   owner_requests=full.owner_requests)
+                   owner_requests=full.owner_requests, owner_shapes=full.owner_shapes)
 
     def fractional_threshold(self, quantile: float, slices_per_gpu: int) -> int:
         """Slices k such that ``quantile`` of the fractional pods seen ask k or fewer (0 if none)."""

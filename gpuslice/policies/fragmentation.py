@@ -48,8 +48,11 @@
    that size: its weight is how likely that owner is to miss it, min(1, E / R) with E its pods
    expected among those that fill the free slices and R the GPUs it still fits
    (:func:`owner_reach_weight`), not its share. On MPS a slot closed to one owner stays open to
-   every other shape, and the share is the weight. Pods without an owner, and traces without
-   owners, are scored as before.
+   every other shape, and the share is the weight. Either way the owner's next pod is the mix of
+   shapes its pods have asked (:meth:`TargetWorkload.owner_mixture`; one owner's pods can differ
+   in GPU-memory floor, and a 1g instance does not take a pod whose floor it lacks), each shape's
+   loss weighted by its part of them: the expected loss, of which the owner's last pod would be
+   one random draw. Pods without an owner, and traces without owners, are scored as before.
 7. A full unit leaves no fragment whichever unit it is, so FGD cannot tell a whole GPU, which only
    whole-GPU pods can use, from an idle MPS GPU, which any pod could share. A pod that uses up an
    idle unit pays its slices x the unit's *versatility* (the probability that a learned shape
@@ -353,22 +356,30 @@ class Fragmentation(BasePolicy):
     def _owner_terms(self, state: ClusterState, req: PackRequest, cands: Candidates, target: TargetWorkload,
                      free: float | None = None) -> F64:
         """Point 6: the owner-spread change and the other owners' reach, weighted per candidate (a
-        MIG candidate by :func:`owner_reach_weight`, any other by the owner's share). ``free``:
-        :func:`usable_free_slices`, if the caller has it."""
+        MIG candidate by :func:`owner_reach_weight`, any other by the owner's share) and per shape
+        of the other owner by its part of that owner's pods. ``free``: :func:`usable_free_slices`,
+        if the caller has it."""
         out = np.zeros(len(cands))
         mig = (state.unit_kind[cands.units] == KIND_MIG).all(axis=1)
         share = target.owner_share(req.owner)
         if share > 0.0 and self.owner_weight:
             out += self.owner_weight * np.where(mig, 0.0, share) * owner_spread_change(state, req, cands)
-        if self.reach_weight:
-            others: Sequence[tuple[float | F64, PackRequest]] = target.other_owners(
-                req.owner, OWNER_LIMIT, OWNER_MIN_SHARE)
-            if mig.any() and others:
-                if free is None:
-                    free = usable_free_slices(state)
-                others = [(np.where(mig, owner_reach_weight(state, target, o, free), s), o) for s, o in others]
-            out += self.reach_weight * owner_reach_change(state, req, cands, others)
-        return out
+        if not self.reach_weight:
+            return out
+        others = target.other_owners(req.owner, OWNER_LIMIT, OWNER_MIN_SHARE)
+        if not others:
+            return out
+        any_mig = bool(mig.any())
+        if any_mig and free is None:
+            free = usable_free_slices(state)
+        weighted: list[tuple[float | F64, PackRequest]] = []
+        for s, o in others:  # each shape the owner's pods ask, by its part of them
+            for part, shape in target.owner_mixture(o.owner):
+                w: float | F64 = part * s
+                if any_mig:
+                    w = np.where(mig, part * owner_reach_weight(state, target, shape, free), w)
+                weighted.append((w, shape))
+        return out + self.reach_weight * owner_reach_change(state, req, cands, weighted)
 
 
 POLICY = Fragmentation()

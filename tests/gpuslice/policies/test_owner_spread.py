@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from gpuslice.packing.frag import TRACKED_OWNERS, TargetWorkload
+from gpuslice.packing.frag import OWNER_SHAPES, TRACKED_OWNERS, TargetWorkload
 from gpuslice.packing.state import KIND_MIG, ClusterState, NodeSpec, PackRequest, UnitSpec, enumerate_candidates
 from gpuslice.policies.fragmentation import (
     OWNER_LIMIT,
@@ -101,6 +103,48 @@ def test_on_mig_another_owners_reach_weighs_as_likely_as_it_is_to_be_missed() ->
     np.testing.assert_allclose(owner_reach_weight(state, target, a), 1 * 9 / 23 / 2)
 
 
+def test_on_mig_another_owners_reach_is_the_mix_of_the_shapes_its_pods_ask() -> None:
+    # Owner A's 3-slice pods: nine without a memory floor, one with a floor no 3g instance here
+    # meets. GPU 0: one 3g (its 1g in use); GPU 1: two idle 3g. B's pod on GPU 0 takes the last 3g
+    # there, which nine in ten of A's next pods fit: that is the loss, whatever order A's pods came
+    # in (A's last pod alone would say all of it or none), and B goes to GPU 1.
+    nodes = [NodeSpec(f"n{i}", 64000, 256000, "H100") for i in range(2)]
+    units = [UnitSpec(0, 0, KIND_MIG, 3, memory_mib=40000), UnitSpec(0, 0, KIND_MIG, 1, memory_mib=10000),
+             UnitSpec(1, 0, KIND_MIG, 3, memory_mib=40000), UnitSpec(1, 0, KIND_MIG, 3, memory_mib=40000)]
+    state = ClusterState(nodes, units, slices_per_gpu=7, allow_mps_multi=True)
+    state.take(0, [1], 1, 1000, 0, "other")
+    a = PackRequest(cpu_milli=1000, gpus=1, slices=3, owner="llm-a")
+    floored = replace(a, gpu_memory_mib=50000)
+    b = PackRequest(cpu_milli=1000, gpus=1, slices=3, owner="llm-b")
+    pol = Fragmentation()
+    cands = enumerate_candidates(state, b)
+    for seen in ([a] * 9 + [floored, b], [floored] + [a] * 9 + [b]):
+        target = learned(pol, seen).target
+        # A's weight is 1: 10 pods x 9 free slices / 33 asked outnumber the 2 GPUs it fits
+        np.testing.assert_allclose(pol._owner_terms(state, b, cands, target), np.where(cands.node == 0, 0.9 * 3, 0.0))
+        assert _pick(pol, state, b, seen) == 1
+    # Every pod of A with the floor: no 3g here is in its reach, so there is nothing to lose.
+    target = learned(pol, [floored] * 10 + [b]).target
+    np.testing.assert_allclose(pol._owner_terms(state, b, cands, target), 0.0)
+
+
+def test_an_owner_keeps_the_mix_of_its_single_gpu_shapes() -> None:
+    target = TargetWorkload(aware=True)  # as the policy's: shapes keep their memory floor
+    for floor in (0, 20000, 0, 0):
+        target.observe(PackRequest(cpu_milli=1000, gpus=1, slices=1, gpu_memory_mib=floor, owner="a"))
+    target.observe(PackRequest(cpu_milli=1000, gpus=2, slices=7, owner="a"))  # multi-GPU: not in the mix
+    mix = target.owner_mixture("a")
+    assert {shape.gpu_memory_mib: part for part, shape in mix} == {0: 0.75, 20000: 0.25}
+    assert all(shape.owner == "a" and shape.gpus == 1 and shape.cpu_milli == 0 for _, shape in mix)
+    assert target.owner_mixture("never-seen") == []
+    # More distinct shapes than OWNER_SHAPES: the first ones go on counting, later ones are ignored.
+    for floor in [*range(1, 3 * OWNER_SHAPES), 1, 1]:
+        target.observe(PackRequest(gpus=1, slices=1, gpu_memory_mib=floor, owner="b"))
+    mix = target.owner_mixture("b")
+    assert sorted(shape.gpu_memory_mib for _, shape in mix) == list(range(1, OWNER_SHAPES + 1))
+    assert {shape.gpu_memory_mib: part for part, shape in mix}[1] == 3 / (OWNER_SHAPES + 2)
+
+
 def _mig(layouts: list[list[int]]) -> ClusterState:
     """One node per layout, one MIG GPU per node with instances of those sizes."""
     nodes = [NodeSpec(f"n{i}", 64000, 256000, "H100") for i in range(len(layouts))]
@@ -162,6 +206,7 @@ def test_the_tracked_owners_are_the_largest_however_many_owners_come_and_go() ->
         target.observe(PackRequest(cpu_milli=n, gpus=1, slices=1, owner=owner))
     largest = {f"rs-{i:02d}" for i in range(40 - TRACKED_OWNERS, 40)}
     assert set(target.owner_requests) == largest
+    assert set(target.owner_shapes) == largest  # an owner dropped takes its shapes with it
     ranked = target.other_owners("", TRACKED_OWNERS, 0.0)  # their counts, largest first
     assert [round(share * target.seen) for share, _ in ranked] == list(range(40, 40 - TRACKED_OWNERS, -1))
     last = {o: n for n, o in enumerate(arrivals)}
