@@ -131,13 +131,15 @@ class TargetWorkload:
                 shapes[shape] = shapes.get(shape, 0) + 1
 
     def other_owners(self, owner: str, limit: int, min_share: float) -> list[tuple[float, PackRequest]]:
-        """(share, last request) of the ``limit`` largest single-GPU owners other than ``owner``
-        with at least ``min_share`` of the pods seen, largest first, among the tracked ones."""
+        """(share, last request) of the ``limit`` largest owners other than ``owner`` that have
+        asked single-GPU pods (:meth:`owner_mixture` is not empty; the last pod may have been a
+        multi-GPU one) with at least ``min_share`` of the pods seen, largest first, among the
+        tracked ones."""
         if self.seen == 0:
             return []
         floor = min_share * self.seen
-        big = [(self.owners[o], o) for o, r in self.owner_requests.items()
-               if self.owners[o] >= floor and o != owner and r.gpus == 1]
+        big = [(self.owners[o], o) for o in self.owner_requests
+               if self.owners[o] >= floor and o != owner and self.owner_shapes.get(o)]
         big.sort(key=lambda no: (-no[0], no[1]))
         return [(n / self.seen, self.owner_requests[o]) for n, o in big[:limit]]
 

@@ -186,6 +186,18 @@ def test_other_owners_are_the_largest_single_gpu_ones_but_the_pods_own() -> None
     assert [r.owner for _, r in target.other_owners("b", 8, 0.01)] == ["llm-a", "c"]
 
 
+def test_an_owner_whose_last_pod_took_two_gpus_still_counts_by_its_single_gpu_pods() -> None:
+    # Owner "d" asks mostly one GPU; its latest pod happened to ask two. Its reach is still the
+    # GPUs its single-GPU pods fit, so it stays among the other owners; "multi" never asked one.
+    target = TargetWorkload()
+    pods = ([PackRequest(gpus=1, slices=2, owner="d")] * 3 + [PackRequest(gpus=2, slices=7, owner="d")]
+            + [PackRequest(gpus=2, slices=7, owner="multi")] * 5 + [PackRequest(cpu_milli=10)] * 91)
+    for r in pods:
+        target.observe(r)
+    assert [(s, r.owner) for s, r in target.other_owners("llm-a", 8, 0.01)] == [(0.04, "d")]
+    assert [(part, shape.slices) for part, shape in target.owner_mixture("d")] == [(1.0, 2)]
+
+
 def test_unit_accepts_on_rows_matches_the_full_vector() -> None:
     state = _mig([[1, 1, 2], [1, 2, 4], [7]])
     state.take(0, [0], 1, 1000, 0, "llm-a")
