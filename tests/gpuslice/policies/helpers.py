@@ -1,8 +1,11 @@
-"""Tiny hand-built clusters for policy tests, and a fragmentation memory that has seen given pods."""
+"""Tiny hand-built clusters for policy tests, a fragmentation memory that has seen given pods, and
+the node a policy picks."""
 
 from __future__ import annotations
 
-from gpuslice.packing.state import KIND_MPS, ClusterState, NodeSpec, PackRequest, UnitSpec
+import numpy as np
+
+from gpuslice.packing.state import KIND_MPS, ClusterState, NodeSpec, PackRequest, UnitSpec, enumerate_candidates
 from gpuslice.policies.base import PolicyContext
 from gpuslice.policies.fgd import FragMemory
 from gpuslice.policies.fragmentation import Fragmentation
@@ -23,3 +26,13 @@ def learned(pol: Fragmentation, seen: list[PackRequest]) -> FragMemory:
     for r in seen:
         pol.observe(mem, r)
     return mem
+
+
+def pick(pol: Fragmentation, state: ClusterState, req: PackRequest, seen: list[PackRequest]) -> int:
+    """Node of the highest score once ``pol`` has learned ``seen``, ties to the lowest node index
+    (the caller's node order); every score must lie in [0, 1)."""
+    mem = learned(pol, seen)
+    cands = enumerate_candidates(state, req)
+    score = pol.score(state, req, cands, mem)
+    assert np.all((score >= 0) & (score < 1))
+    return int(cands.node[int(np.argmax(score))])

@@ -16,20 +16,11 @@ from gpuslice.packing.state import (
 )
 from gpuslice.policies.fragmentation import Fragmentation, host_stranding_change
 
-from .helpers import cluster, learned
+from .helpers import cluster, learned, pick
 
 CPU_POD = PackRequest(cpu_milli=4000)
 #: A GPU pod asking 16 cores per GPU: the learned CPU per slice is 16 cores / 1000 slices.
 GPU_POD = PackRequest(cpu_milli=16000, gpus=1, slices=1000)
-
-
-def pick(pol: Fragmentation, state: ClusterState, req: PackRequest, seen: list[PackRequest]) -> int:
-    """Node of the highest score, ties to the lowest node index (the caller's node order)."""
-    mem = learned(pol, seen)
-    cands = enumerate_candidates(state, req)
-    score = pol.score(state, req, cands, mem)
-    assert np.all((score >= 0) & (score < 1))
-    return int(cands.node[int(np.argmax(score))])
 
 
 def test_cpu_only_pod_spends_cpu_that_no_idle_gpu_needs() -> None:

@@ -16,14 +16,9 @@ from gpuslice.policies.fragmentation import (
     owner_spread_change,
 )
 
-from .helpers import cluster, learned
+from .helpers import cluster, learned, pick
 
 POD = PackRequest(cpu_milli=1000, memory_mib=1024, gpus=1, slices=1, owner="llm-a")
-
-
-def _pick(pol: Fragmentation, state: ClusterState, req: PackRequest, seen: list[PackRequest]) -> int:
-    cands = enumerate_candidates(state, req)
-    return int(cands.node[int(np.argmax(pol.score(state, req, cands, learned(pol, seen))))])
 
 
 def test_mps_gpu_left_open_to_the_shape_is_closed_to_the_owner() -> None:
@@ -79,7 +74,7 @@ def test_the_owner_spread_change_weighs_on_mps_but_not_on_mig() -> None:
     mig = ClusterState(nodes, units, slices_per_gpu=7, allow_mps_multi=True)
     cands = enumerate_candidates(mig, POD)
     np.testing.assert_allclose(pol._owner_terms(mig, POD, cands, learned(pol, seen).target), 0.0)
-    assert _pick(pol, mig, POD, seen) == _pick(Fragmentation(owner_weight=0.0), mig, POD, seen)
+    assert pick(pol, mig, POD, seen) == pick(Fragmentation(owner_weight=0.0), mig, POD, seen)
 
 
 def test_on_mig_another_owners_reach_weighs_as_likely_as_it_is_to_be_missed() -> None:
@@ -96,7 +91,7 @@ def test_on_mig_another_owners_reach_weighs_as_likely_as_it_is_to_be_missed() ->
     pol = Fragmentation()
     target = learned(pol, seen).target
     assert owner_reach_weight(state, target, a) == 1.0  # 10 pods x 9 free slices / 31 asked, over 2 GPUs
-    assert _pick(pol, state, b, seen) == 1
+    assert pick(pol, state, b, seen) == 1
     # A small owner among many free slices: E / R below 1.
     few = [a] + [PackRequest(cpu_milli=1000, gpus=1, slices=1, owner=f"x{i}") for i in range(20)]
     target = learned(pol, few).target
@@ -122,7 +117,7 @@ def test_on_mig_another_owners_reach_is_the_mix_of_the_shapes_its_pods_ask() -> 
         target = learned(pol, seen).target
         # A's weight is 1: 10 pods x 9 free slices / 33 asked outnumber the 2 GPUs it fits
         np.testing.assert_allclose(pol._owner_terms(state, b, cands, target), np.where(cands.node == 0, 0.9 * 3, 0.0))
-        assert _pick(pol, state, b, seen) == 1
+        assert pick(pol, state, b, seen) == 1
     # Every pod of A with the floor: no 3g here is in its reach, so there is nothing to lose.
     target = learned(pol, [floored] * 10 + [b]).target
     np.testing.assert_allclose(pol._owner_terms(state, b, cands, target), 0.0)

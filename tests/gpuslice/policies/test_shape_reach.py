@@ -13,7 +13,7 @@ from gpuslice.packing.state import KIND_MPS, ClusterState, PackRequest, UnitSpec
 from gpuslice.policies._shape_reach import _host_counts, multi_gpu_shapes, poisson_tail, shape_reach_change
 from gpuslice.policies.fragmentation import Fragmentation, usable_free_slices
 
-from .helpers import cluster, learned
+from .helpers import cluster, pick
 
 SMALL = PackRequest(cpu_milli=1000, memory_mib=1024, gpus=1, slices=1)
 TWO = PackRequest(cpu_milli=1000, memory_mib=1024, gpus=1, slices=2)
@@ -72,19 +72,13 @@ def test_a_pod_of_the_shape_itself_pays_nothing_for_using_a_host() -> None:
 SEEN = [SMALL] * 60 + [TWO] * 39 + [PAIR]
 
 
-def _pick(pol: Fragmentation, state: ClusterState, seen: list[PackRequest]) -> int:
-    """The node ``pol`` puts a 1-slice pod on, having learned ``seen``."""
-    cands = enumerate_candidates(state, SMALL)
-    return int(cands.node[int(np.argmax(pol.score(state, SMALL, cands, learned(pol, seen))))])
-
-
 def test_the_policy_keeps_the_last_host_where_fgd_alone_would_break_it() -> None:
     # Node 1's two free slices are a better home for a 2-slice pod than for this 1-slice one, so
     # the rest of the policy puts it on node 0, the only node with two idle GPUs. One pod in a
     # hundred has asked for two of them; the term keeps that node whole.
     state = cluster([[7, 7], [2]], slices=7)
-    assert _pick(Fragmentation(shape_reach_weight=0.0), state, SEEN) == 0
-    assert _pick(Fragmentation(), state, SEEN) == 1
+    assert pick(Fragmentation(shape_reach_weight=0.0), state, SMALL, SEEN) == 0
+    assert pick(Fragmentation(), state, SMALL, SEEN) == 1
 
 
 def test_each_size_no_pod_has_asked_yet_counts_as_three_pods_once_multi_gpu_pods_are_seen() -> None:
@@ -101,8 +95,8 @@ def test_the_policy_keeps_the_last_host_of_a_size_not_seen_yet() -> None:
     # GPUs, never four, and the rest of the policy would break node 0 up (node 1's two free slices
     # suit a 2-slice pod better); with 100 pods seen, a 4-GPU pod cannot be ruled out.
     state = cluster([[7, 7, 7, 7], [2, 7, 7]], slices=7)
-    assert _pick(Fragmentation(unseen_bound=0.0), state, SEEN) == 0
-    assert _pick(Fragmentation(), state, SEEN) == 1
+    assert pick(Fragmentation(unseen_bound=0.0), state, SMALL, SEEN) == 0
+    assert pick(Fragmentation(), state, SMALL, SEEN) == 1
 
 
 def test_host_counts_kept_per_state_match_a_full_pass_after_every_change() -> None:
