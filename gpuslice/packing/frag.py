@@ -54,8 +54,8 @@ B = NDArray[np.bool_]
 #: "any" for the paper's memory-blind rule.
 ShapeKey = tuple[int, int, int, frozenset[str] | None, int, str]
 
-#: Owners whose expected next request a target keeps (:meth:`TargetWorkload.other_owners` draws on
-#: them); the policy looks at fewer.
+#: Owners a target tracks (:meth:`TargetWorkload.other_owners` draws on them); the policy looks at
+#: fewer.
 TRACKED_OWNERS = 16
 #: Single-GPU shapes kept per tracked owner (its pods can differ in GPU-memory floor): an owner with
 #: more distinct shapes keeps counting those it has and ignores new ones, so memory stays bounded.
@@ -83,12 +83,10 @@ class TargetWorkload:
     #: GPU pods seen per owner (ReplicaSet, StatefulSet): the owner-spread rule makes an owner part
     #: of what a pod can use, and the owner's share of the pods is its weight (``owner_share``).
     owners: dict[str, int] = field(default_factory=dict)
-    #: The last GPU request of each of the ``TRACKED_OWNERS`` largest owners, and of no other: kept
-    #: as pods arrive, so a decision never scans every owner a long-lived cluster has seen. Exact,
-    #: since counts only grow. What the owner's next pod asks is :meth:`owner_mixture`.
-    owner_requests: dict[str, PackRequest] = field(default_factory=dict)
-    #: Per tracked owner, its single-GPU pods counted by shape (:meth:`gpu_shape` with the owner):
-    #: the mix its next pod is drawn from (:meth:`owner_mixture`). Dropped with the owner.
+    #: The ``TRACKED_OWNERS`` largest owners, and no other (kept as pods arrive, so a decision never
+    #: scans every owner a long-lived cluster has seen; exact, since counts only grow), each with
+    #: its single-GPU pods counted by shape (:meth:`gpu_shape` with the owner; empty for an owner
+    #: that has asked only multi-GPU pods): the mix its next pod is drawn from (:meth:`owner_mixture`).
     owner_shapes: dict[str, dict[PackRequest, int]] = field(default_factory=dict)
     #: GPU pods seen per multi-GPU shape less its CPU (unit acceptance does not read CPU), kept as
     #: pods arrive: ``fragmentation`` prices the nodes that can still host each (its point 8).
@@ -116,32 +114,30 @@ class TargetWorkload:
     def _count_owner(self, req: PackRequest) -> None:
         n = self.owners.get(req.owner, 0) + 1
         self.owners[req.owner] = n
-        tracked = self.owner_requests
+        tracked = self.owner_shapes
         if req.owner not in tracked and len(tracked) >= TRACKED_OWNERS:
             smallest = min(tracked, key=self.owners.__getitem__)
             if self.owners[smallest] >= n:
                 return
             del tracked[smallest]
-            self.owner_shapes.pop(smallest, None)
-        tracked[req.owner] = req
+        shapes = tracked.setdefault(req.owner, {})
         if req.gpus == 1:
-            shapes = self.owner_shapes.setdefault(req.owner, {})
             shape = replace(self.gpu_shape(req), owner=req.owner)
             if shape in shapes or len(shapes) < OWNER_SHAPES:
                 shapes[shape] = shapes.get(shape, 0) + 1
 
-    def other_owners(self, owner: str, limit: int, min_share: float) -> list[tuple[float, PackRequest]]:
-        """(share, last request) of the ``limit`` largest owners other than ``owner`` that have
+    def other_owners(self, owner: str, limit: int, min_share: float) -> list[tuple[float, str]]:
+        """(share, owner) of the ``limit`` largest owners other than ``owner`` that have
         asked single-GPU pods (:meth:`owner_mixture` is not empty; the last pod may have been a
         multi-GPU one) with at least ``min_share`` of the pods seen, largest first, among the
         tracked ones."""
         if self.seen == 0:
             return []
         floor = min_share * self.seen
-        big = [(self.owners[o], o) for o in self.owner_requests
-               if self.owners[o] >= floor and o != owner and self.owner_shapes.get(o)]
+        big = [(self.owners[o], o) for o, shapes in self.owner_shapes.items()
+               if shapes and self.owners[o] >= floor and o != owner]
         big.sort(key=lambda no: (-no[0], no[1]))
-        return [(n / self.seen, self.owner_requests[o]) for n, o in big[:limit]]
+        return [(n / self.seen, o) for n, o in big[:limit]]
 
     def owner_mixture(self, owner: str) -> list[tuple[float, PackRequest]]:
         """(part, shape) for each single-GPU shape counted for ``owner`` (parts sum to 1; empty for
@@ -182,7 +178,7 @@ class TargetWorkload:
             kept[key] = n
             covered += n
         return cls(kept, covered, gpu_memory=full.gpu_memory, gpu_slices=full.gpu_slices, owners=full.owners,
-                   owner_requests=full.owner_requests, owner_shapes=full.owner_shapes)
+                   owner_shapes=full.owner_shapes)
 
     def fractional_threshold(self, quantile: float, slices_per_gpu: int) -> int:
         """Slices k such that ``quantile`` of the fractional pods seen ask k or fewer (0 if none)."""

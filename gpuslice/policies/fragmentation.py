@@ -374,7 +374,7 @@ class Fragmentation(BasePolicy):
             free = usable_free_slices(state)
         weighted: list[tuple[float | F64, PackRequest]] = []
         for s, o in others:  # each shape the owner's pods ask, by its part of them
-            for part, shape in target.owner_mixture(o.owner):
+            for part, shape in target.owner_mixture(o):
                 w: float | F64 = part * s
                 if any_mig:
                     w = np.where(mig, part * owner_reach_weight(state, target, shape, free), w)

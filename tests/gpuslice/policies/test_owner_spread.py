@@ -175,10 +175,10 @@ def test_other_owners_are_the_largest_single_gpu_ones_but_the_pods_own() -> None
             + [PackRequest(gpus=2, slices=7, owner="multi")] * 4 + [PackRequest(cpu_milli=10)] * 87)
     for r in pods:
         target.observe(r)
-    assert [(s, r.owner) for s, r in target.other_owners("llm-a", 8, 0.01)] == [(0.03, "b"), (0.01, "c")]
-    assert [r.owner for _, r in target.other_owners("llm-a", 1, 0.01)] == ["b"]
-    assert [r.owner for _, r in target.other_owners("llm-a", 8, 0.02)] == ["b"]
-    assert [r.owner for _, r in target.other_owners("b", 8, 0.01)] == ["llm-a", "c"]
+    assert target.other_owners("llm-a", 8, 0.01) == [(0.03, "b"), (0.01, "c")]
+    assert [o for _, o in target.other_owners("llm-a", 1, 0.01)] == ["b"]
+    assert [o for _, o in target.other_owners("llm-a", 8, 0.02)] == ["b"]
+    assert [o for _, o in target.other_owners("b", 8, 0.01)] == ["llm-a", "c"]
 
 
 def test_an_owner_whose_last_pod_took_two_gpus_still_counts_by_its_single_gpu_pods() -> None:
@@ -189,7 +189,7 @@ def test_an_owner_whose_last_pod_took_two_gpus_still_counts_by_its_single_gpu_po
             + [PackRequest(gpus=2, slices=7, owner="multi")] * 5 + [PackRequest(cpu_milli=10)] * 91)
     for r in pods:
         target.observe(r)
-    assert [(s, r.owner) for s, r in target.other_owners("llm-a", 8, 0.01)] == [(0.04, "d")]
+    assert target.other_owners("llm-a", 8, 0.01) == [(0.04, "d")]
     assert [(part, shape.slices) for part, shape in target.owner_mixture("d")] == [(1.0, 2)]
 
 
@@ -204,7 +204,7 @@ def test_unit_accepts_on_rows_matches_the_full_vector() -> None:
 
 def test_the_tracked_owners_are_the_largest_however_many_owners_come_and_go() -> None:
     # 40 owners with distinct final counts, their pods interleaved in a shuffled order: the target
-    # keeps exactly the TRACKED_OWNERS largest, each with its latest request, and no others.
+    # keeps exactly the TRACKED_OWNERS largest, and no others, each with its one shape.
     rng = np.random.default_rng(7)
     arrivals = [f"rs-{i:02d}" for i in range(40) for _ in range(i + 1)]
     rng.shuffle(arrivals)
@@ -212,10 +212,10 @@ def test_the_tracked_owners_are_the_largest_however_many_owners_come_and_go() ->
     for n, owner in enumerate(arrivals):
         target.observe(PackRequest(cpu_milli=n, gpus=1, slices=1, owner=owner))
     largest = {f"rs-{i:02d}" for i in range(40 - TRACKED_OWNERS, 40)}
-    assert set(target.owner_requests) == largest
     assert set(target.owner_shapes) == largest  # an owner dropped takes its shapes with it
     ranked = target.other_owners("", TRACKED_OWNERS, 0.0)  # their counts, largest first
     assert [round(share * target.seen) for share, _ in ranked] == list(range(40, 40 - TRACKED_OWNERS, -1))
-    last = {o: n for n, o in enumerate(arrivals)}
-    assert all(target.owner_requests[o].cpu_milli == last[o] for o in largest)
+    assert all([(part, shape.owner, shape.slices) for part, shape in target.owner_mixture(o)] == [(1.0, o, 1)]
+               for o in largest)
+    assert target.owner_mixture("rs-00") == []  # not tracked
     assert OWNER_LIMIT < TRACKED_OWNERS  # the policy asks for fewer owners than the target keeps
