@@ -74,6 +74,10 @@
    millicore, joins the delta (:func:`gpuslice.packing.frag.cpu_fragment_rate`). So pods use CPU
    up where what is left would fit nothing. Where GPUs run out first, idle CPU is left over
    wherever the pods go, and the term is 0.
+10. Any-Fit (:mod:`_any_fit`): a single-GPU pod does not open an idle MPS GPU while an MPS GPU of
+   the same product that already runs pods takes it; such candidates are scored at the lowest
+   level. FGD's per-node fragment can prefer the idle GPU for a small pod, but an idle GPU is the
+   only place a whole-GPU share still fits, and one opened for a small pod stays in use.
 
 The window depends only on the slice granularity: a few levels for fine slices (the milli-GPU
 simulation), none for the coarse slices of real MPS/MIG nodes, where one slice already moves the
@@ -97,6 +101,7 @@ from gpuslice.packing.frag import I64, TargetShapes, TargetWorkload, UnitTable, 
 from gpuslice.packing.scarcity import UNSEEN_BOUND, ProductLoads
 from gpuslice.packing.state import KIND_MIG, KIND_MPS, Candidates, ClusterState, PackRequest
 from gpuslice.policies import _slice_terms as slice_terms
+from gpuslice.policies._any_fit import idle_gpu_openers
 from gpuslice.policies._shape_reach import shape_reach_change
 from gpuslice.policies.base import F64, BasePolicy, PolicyContext
 from gpuslice.policies.fgd import FragMemory, frag_delta, levels, sigmoid_score
@@ -286,7 +291,7 @@ class Fragmentation(BasePolicy):
                  scarcity_gain: float = SCARCITY_GAIN, pinned_weight: float = 1.0,
                  owner_weight: float = 1.0, reach_weight: float = 1.0, versatility_weight: float = 1.0,
                  shape_reach_weight: float = 1.0, cpu_weight: float = 1.0,
-                 unseen_bound: float = UNSEEN_BOUND) -> None:
+                 unseen_bound: float = UNSEEN_BOUND, any_fit: bool = True) -> None:
         self.window = window
         self.quantile = quantile
         self.stranding_weight = stranding_weight
@@ -298,6 +303,7 @@ class Fragmentation(BasePolicy):
         self.shape_reach_weight = shape_reach_weight
         self.cpu_weight = cpu_weight
         self.unseen_bound = unseen_bound
+        self.any_fit = any_fit
 
     def window_for(self, slices_per_gpu: int) -> int:
         """The leftover rule's window in FGD levels: as set, else by slice granularity."""
@@ -344,6 +350,8 @@ class Fragmentation(BasePolicy):
         if free is not None:
             delta += self.shape_reach_weight * shape_reach_change(state, req, cands, target, free, self.unseen_bound)
         level = levels(sigmoid_score(delta, state.slices_per_gpu))
+        if self.any_fit:
+            level[idle_gpu_openers(state, req, cands)] = 0.0
         out = 0.49 * level / 100.0
         if req.gpus == 0:
             return np.asarray(out, dtype=np.float64)

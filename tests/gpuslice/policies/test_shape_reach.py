@@ -75,9 +75,11 @@ SEEN = [SMALL] * 60 + [TWO] * 39 + [PAIR]
 def test_the_policy_keeps_the_last_host_where_fgd_alone_would_break_it() -> None:
     # Node 1's two free slices are a better home for a 2-slice pod than for this 1-slice one, so
     # the rest of the policy puts it on node 0, the only node with two idle GPUs. One pod in a
-    # hundred has asked for two of them; the term keeps that node whole.
+    # hundred has asked for two of them; the term keeps that node whole. (Point 10, Any-Fit, would
+    # keep it too, as node 1's GPU is in use: it is off here so that the term is tested alone.)
     state = cluster([[7, 7], [2]], slices=7)
-    assert pick(Fragmentation(shape_reach_weight=0.0), state, SMALL, SEEN) == 0
+    assert pick(Fragmentation(shape_reach_weight=0.0, any_fit=False), state, SMALL, SEEN) == 0
+    assert pick(Fragmentation(any_fit=False), state, SMALL, SEEN) == 1
     assert pick(Fragmentation(), state, SMALL, SEEN) == 1
 
 
@@ -93,9 +95,11 @@ def test_each_size_no_pod_has_asked_yet_counts_as_three_pods_once_multi_gpu_pods
 def test_the_policy_keeps_the_last_host_of_a_size_not_seen_yet() -> None:
     # Node 0 is the only node with four idle GPUs. The pods seen ask one slice, two slices or two
     # GPUs, never four, and the rest of the policy would break node 0 up (node 1's two free slices
-    # suit a 2-slice pod better); with 100 pods seen, a 4-GPU pod cannot be ruled out.
+    # suit a 2-slice pod better); with 100 pods seen, a 4-GPU pod cannot be ruled out. (Any-Fit is
+    # off so that the rule of three is tested alone: node 1's GPU in use would keep the pod too.)
     state = cluster([[7, 7, 7, 7], [2, 7, 7]], slices=7)
-    assert pick(Fragmentation(unseen_bound=0.0), state, SMALL, SEEN) == 0
+    assert pick(Fragmentation(unseen_bound=0.0, any_fit=False), state, SMALL, SEEN) == 0
+    assert pick(Fragmentation(any_fit=False), state, SMALL, SEEN) == 1
     assert pick(Fragmentation(), state, SMALL, SEEN) == 1
 
 
