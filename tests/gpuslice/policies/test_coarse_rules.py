@@ -17,17 +17,11 @@ from gpuslice.packing.state import (
     enumerate_candidates,
 )
 from gpuslice.policies import _slice_terms as slice_terms
-from gpuslice.policies.base import PolicyContext
 from gpuslice.policies.fragmentation import Fragmentation
 
+from .helpers import learned
+
 GIB = 1024
-
-
-def _learned(pol: Fragmentation, seen: list[PackRequest]) -> object:
-    mem = pol.new_memory(PolicyContext(0))
-    for r in seen:
-        pol.observe(mem, r)
-    return mem
 
 
 def _mixed_state() -> ClusterState:
@@ -49,7 +43,7 @@ def test_freed_capacity_does_not_change_how_a_state_is_scored() -> None:
     rng = np.random.default_rng(3)
     seen = [PackRequest(gpus=1, slices=int(k)) for k in rng.integers(1, 8, size=40)]
     state = _mixed_state()
-    mem = _learned(pol, seen)
+    mem = learned(pol, seen)
     reqs = [PackRequest(gpus=1, slices=k) for k in (1, 2, 3)]
     before = [pol.score(state, r, enumerate_candidates(state, r), mem) for r in reqs]
     # a pod arrives on MPS GPU 2 and leaves again: the same state, capacity seen freed
@@ -58,7 +52,7 @@ def test_freed_capacity_does_not_change_how_a_state_is_scored() -> None:
         pol.score(state, r, enumerate_candidates(state, r), mem)
     state.give_back(1, [18], 5, 0, 0)
     after = [pol.score(state, r, enumerate_candidates(state, r), mem) for r in reqs]
-    restarted = _learned(pol, seen)  # a restart that warm-started the same shapes
+    restarted = learned(pol, seen)  # a restart that warm-started the same shapes
     again = [pol.score(state, r, enumerate_candidates(state, r), restarted) for r in reqs]
     for b, a, g in zip(before, after, again, strict=True):
         assert np.array_equal(b, a) and np.array_equal(b, g)
@@ -80,7 +74,7 @@ def test_mig_pod_prefers_an_instance_on_a_gpu_in_use() -> None:
     req = PackRequest(gpus=1, slices=1, gpu_memory_mib=8 * GIB)
     seen = [req] + [PackRequest(gpus=1, slices=2)] * 9
     pol = Fragmentation()
-    mem = _learned(pol, seen)
+    mem = learned(pol, seen)
     fill = slice_terms.instance_fill(state, mem.target)  # 7 free slices; 1g: 1 x 7 / 19 of 3 free
     np.testing.assert_allclose(fill[1:3], [7 / 19 / 3, 1.0])
     cands = enumerate_candidates(state, req)
@@ -96,7 +90,7 @@ def test_mig_instances_the_demand_fills_strand_nothing() -> None:
     # be filled, so neither GPU strands anything; the 2g instances nobody asks for weigh in full.
     state = _two_mig_gpus()
     req = PackRequest(gpus=1, slices=1)
-    mem = _learned(Fragmentation(), [req] * 3)
+    mem = learned(Fragmentation(), [req] * 3)
     fill = slice_terms.instance_fill(state, mem.target)
     np.testing.assert_allclose(fill[1:3], [1.0, 0.0])
     cands = enumerate_candidates(state, req)
@@ -104,9 +98,9 @@ def test_mig_instances_the_demand_fills_strand_nothing() -> None:
     np.testing.assert_allclose(slice_terms.mig_stranded_change(state, req, cands, mem.target),
                                np.where(gpu == 1, 0.0, 2.0))
     # MPS-only shapes do not count as demand for MIG instances, and before any GPU pod nothing does.
-    mps_only = _learned(Fragmentation(), [PackRequest(gpus=1, slices=1, isolation="mps")] * 3)
+    mps_only = learned(Fragmentation(), [PackRequest(gpus=1, slices=1, isolation="mps")] * 3)
     np.testing.assert_allclose(slice_terms.instance_fill(state, mps_only.target)[1:3], 0.0)
-    np.testing.assert_allclose(slice_terms.instance_fill(state, _learned(Fragmentation(), []).target)[1:3], 0.0)
+    np.testing.assert_allclose(slice_terms.instance_fill(state, learned(Fragmentation(), []).target)[1:3], 0.0)
 
 
 def test_window_follows_slice_granularity_only() -> None:
@@ -120,7 +114,7 @@ def test_instance_sizes_come_from_the_live_layout() -> None:
     # 3-slice pods count as MIG demand, so the 1g instances are the only MIG size there is.
     nodes = [NodeSpec("n0", 64000, 256000, "H100-80GB")]
     state = ClusterState(nodes, [UnitSpec(0, 0, KIND_MIG, k) for k in (3, 3, 1)], slices_per_gpu=7)
-    mem = _learned(Fragmentation(), [PackRequest(gpus=1, slices=3)] * 6 + [PackRequest(gpus=1, slices=1)])
+    mem = learned(Fragmentation(), [PackRequest(gpus=1, slices=3)] * 6 + [PackRequest(gpus=1, slices=1)])
     before = slice_terms.instance_fill(state, mem.target)
     np.testing.assert_allclose(before[[1, 3]], [7 / 19, 1.0])  # 7 free slices; 1 of 19 asked is 1-slice
     state.replace_units(0, [UnitSpec(0, 0, KIND_MIG, 1) for _ in range(7)])
