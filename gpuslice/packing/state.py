@@ -328,8 +328,12 @@ class ClusterState:
             ok &= np.asarray(memory_floor_met(share, req.gpu_memory_mib, self.memory_tolerance), dtype=bool)
         if req.owner:
             gpus = self.owner_gpus(req.owner)
-            if gpus:  # the sentinel's GPU id is -1, never an owner's
-                ok &= ~np.isin(self.unit_gpu_id[at], np.array(gpus, dtype=np.int64))
+            if gpus:
+                # a per-GPU mask indexed by GPU id: one gather instead of np.isin's sort; its extra
+                # last entry (False) is what the sentinel's and padding's GPU id -1 reads
+                held = np.zeros(self.n_gpus + 1, dtype=bool)
+                held[gpus] = True
+                ok &= ~held[self.unit_gpu_id[at]]
         return np.asarray(ok, dtype=bool)
 
     def fit(self, req: PackRequest) -> Fit:

@@ -99,7 +99,7 @@ import numpy as np
 
 from gpuslice.packing.frag import I64, TargetShapes, TargetWorkload, UnitTable, cpu_fragment_rate
 from gpuslice.packing.scarcity import UNSEEN_BOUND, ProductLoads
-from gpuslice.packing.state import KIND_MIG, KIND_MPS, Candidates, ClusterState, PackRequest
+from gpuslice.packing.state import KIND_MIG, KIND_MPS, B, Candidates, ClusterState, PackRequest
 from gpuslice.policies import _slice_terms as slice_terms
 from gpuslice.policies._any_fit import idle_gpu_openers
 from gpuslice.policies._shape_reach import shape_reach_change
@@ -216,10 +216,12 @@ def owner_spread_change(state: ClusterState, req: PackRequest, cands: Candidates
 
 
 def owner_reach_change(state: ClusterState, req: PackRequest, cands: Candidates,
-                       others: Sequence[tuple[float | F64, PackRequest]]) -> F64:
+                       others: Sequence[tuple[float | F64, PackRequest]],
+                       accepts: Sequence[B] | None = None) -> F64:
     """Per candidate, sum over other owners of weight x slices asked, for each owner whose last unit
     on a GPU this placement takes (the GPU then holds nothing that owner's next pod fits); a weight
-    is one number or one per candidate."""
+    is one number or one per candidate. ``accepts``: ``state.unit_accepts(other)`` for each of
+    ``others``, if the caller has them."""
     n = len(cands)
     if n == 0 or req.gpus == 0 or not others:
         return np.zeros(n)
@@ -228,10 +230,11 @@ def owner_reach_change(state: ClusterState, req: PackRequest, cands: Candidates,
     gid = state.unit_gpu_id[units]
     free_after = state.unit_free[units] - req.slices
     out = np.zeros(n)
-    for share, other in others:
-        acc_rows = state.unit_accepts(other, rows)
+    for i, (share, other) in enumerate(others):
+        acc = state.unit_accepts(other) if accepts is None else accepts[i]  # the sentinel row reads False
+        acc_rows = acc[rows]
         on_gpu = np.bincount(gid_rows[acc_rows], minlength=state.n_gpus)[gid]  # its units per taken GPU
-        acc_u = state.unit_accepts(other, units.reshape(-1)).reshape(units.shape)
+        acc_u = acc[units]
         # an MPS unit keeps taking the other owner's pod if enough is left of it
         last = acc_u & (on_gpu == 1) & (free_after < other.slices)
         out += share * other.slices * last.sum(axis=1)
@@ -245,17 +248,20 @@ def usable_free_slices(state: ClusterState) -> float:
 
 
 def owner_reach_weight(state: ClusterState, target: TargetWorkload, other: PackRequest,
-                       free: float | None = None) -> float:
+                       free: float | None = None, accepts: B | None = None) -> float:
     """How likely a GPU of ``other``'s owner's reach is one it will miss: min(1, E / R), with E its
     pods expected among those that fill the cluster's free slices (its pods seen x free slices /
     slices asked by the GPU pods seen) and R the GPUs that still fit its next pod (1 if none does).
-    ``free``: :func:`usable_free_slices`, if the caller has it."""
+    ``free``: :func:`usable_free_slices`, ``accepts``: ``state.unit_accepts(other)``, if the caller
+    has them."""
     pods = target.owners.get(other.owner, 0)
     if pods == 0 or target.gpu_slices <= 0:
         return 0.0
     n = state.n_units
-    accepts = state.unit_accepts(other)[:n]
-    reach = int(np.count_nonzero(np.bincount(state.unit_gpu_id[:n][accepts], minlength=state.n_gpus)))
+    if accepts is None:
+        accepts = state.unit_accepts(other)
+    ok = accepts[:n]
+    reach = int(np.count_nonzero(np.bincount(state.unit_gpu_id[:n][ok], minlength=state.n_gpus)))
     if reach == 0:
         return 1.0
     if free is None:
@@ -381,13 +387,16 @@ class Fragmentation(BasePolicy):
         if any_mig and free is None:
             free = usable_free_slices(state)
         weighted: list[tuple[float | F64, PackRequest]] = []
+        accepts: list[B] = []  # each shape's units, scanned once for both functions below
         for s, o in others:  # each shape the owner's pods ask, by its part of them
             for part, shape in target.owner_mixture(o):
+                acc = state.unit_accepts(shape)
                 w: float | F64 = part * s
                 if any_mig:
-                    w = np.where(mig, part * owner_reach_weight(state, target, shape, free), w)
+                    w = np.where(mig, part * owner_reach_weight(state, target, shape, free, acc), w)
                 weighted.append((w, shape))
-        return out + self.reach_weight * owner_reach_change(state, req, cands, weighted)
+                accepts.append(acc)
+        return out + self.reach_weight * owner_reach_change(state, req, cands, weighted, accepts)
 
 
 POLICY = Fragmentation()

@@ -202,6 +202,25 @@ def test_unit_accepts_on_rows_matches_the_full_vector() -> None:
         np.testing.assert_array_equal(state.unit_accepts(req, rows), state.unit_accepts(req)[rows])
 
 
+def test_reach_terms_give_the_same_figures_from_the_callers_acceptance_scan() -> None:
+    # _owner_terms scans each other shape's units once and hands the vector to both reach functions.
+    state = _mig([[1, 1, 2], [1, 2, 4], [1, 1]])
+    state.take(0, [0], 1, 1000, 0, "llm-b")
+    target = TargetWorkload()
+    others = [PackRequest(cpu_milli=1000, gpus=1, slices=1, owner="llm-b"),
+              PackRequest(cpu_milli=1000, gpus=1, slices=2, owner="llm-c")]
+    for r in [POD] * 4 + others * 3:
+        target.observe(r)
+    cands = enumerate_candidates(state, POD)
+    weighted = [(0.25, others[0]), (np.linspace(0.1, 0.5, len(cands)), others[1])]
+    scans = [state.unit_accepts(o) for o in others]
+    np.testing.assert_array_equal(owner_reach_change(state, POD, cands, weighted, scans),
+                                  owner_reach_change(state, POD, cands, weighted))
+    assert owner_reach_change(state, POD, cands, weighted).any()  # the case is not trivially zero
+    for o, acc in zip(others, scans, strict=True):
+        assert owner_reach_weight(state, target, o, accepts=acc) == owner_reach_weight(state, target, o)
+
+
 def test_the_tracked_owners_are_the_largest_however_many_owners_come_and_go() -> None:
     # 40 owners with distinct final counts, their pods interleaved in a shuffled order: the target
     # keeps exactly the TRACKED_OWNERS largest, and no others, each with its one shape.
