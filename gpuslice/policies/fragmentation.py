@@ -217,11 +217,12 @@ def owner_spread_change(state: ClusterState, req: PackRequest, cands: Candidates
 
 def owner_reach_change(state: ClusterState, req: PackRequest, cands: Candidates,
                        others: Sequence[tuple[float | F64, PackRequest]],
-                       accepts: Sequence[B] | None = None) -> F64:
+                       accepts: Sequence[B | None] | None = None) -> F64:
     """Per candidate, sum over other owners of weight x slices asked, for each owner whose last unit
     on a GPU this placement takes (the GPU then holds nothing that owner's next pod fits); a weight
     is one number or one per candidate. ``accepts``: ``state.unit_accepts(other)`` for each of
-    ``others``, if the caller has them."""
+    ``others`` (None where the caller has not scanned it), else only the candidates' nodes are
+    scanned."""
     n = len(cands)
     if n == 0 or req.gpus == 0 or not others:
         return np.zeros(n)
@@ -231,8 +232,13 @@ def owner_reach_change(state: ClusterState, req: PackRequest, cands: Candidates,
     free_after = state.unit_free[units] - req.slices
     out = np.zeros(n)
     for i, (share, other) in enumerate(others):
-        acc = state.unit_accepts(other) if accepts is None else accepts[i]  # the sentinel row reads False
-        acc_rows = acc[rows]
+        acc = None if accepts is None else accepts[i]
+        if acc is None:  # one scan of the candidates' nodes, spread to unit ids (the sentinel reads False)
+            acc_rows = state.unit_accepts(other, rows)
+            acc = np.zeros(state.unit_free.shape[0], dtype=bool)
+            acc[rows] = acc_rows
+        else:
+            acc_rows = acc[rows]
         on_gpu = np.bincount(gid_rows[acc_rows], minlength=state.n_gpus)[gid]  # its units per taken GPU
         acc_u = acc[units]
         # an MPS unit keeps taking the other owner's pod if enough is left of it
@@ -387,12 +393,14 @@ class Fragmentation(BasePolicy):
         if any_mig and free is None:
             free = usable_free_slices(state)
         weighted: list[tuple[float | F64, PackRequest]] = []
-        accepts: list[B] = []  # each shape's units, scanned once for both functions below
+        # MIG candidates' weights scan the whole cluster per shape; that scan then serves the
+        # reach change too. Without them the change scans the candidates' nodes only.
+        accepts: list[B | None] = []
         for s, o in others:  # each shape the owner's pods ask, by its part of them
             for part, shape in target.owner_mixture(o):
-                acc = state.unit_accepts(shape)
+                acc = state.unit_accepts(shape) if any_mig else None
                 w: float | F64 = part * s
-                if any_mig:
+                if acc is not None:
                     w = np.where(mig, part * owner_reach_weight(state, target, shape, free, acc), w)
                 weighted.append((w, shape))
                 accepts.append(acc)
