@@ -298,13 +298,24 @@ class ClusterState:
         """GPU ids (``unit_gpu_id``) already holding a pod of ``owner`` (for the owner-spread rule)."""
         return [g for g, c in self._owners.get(owner, {}).items() if c > 0]
 
+    def owner_held(self, owner: str) -> B | None:
+        """Per GPU id, whether it already holds a pod of ``owner`` (None if none does); one entry
+        more than there are GPUs, False, which the sentinel's and padding's GPU id -1 reads, so the
+        mask can be indexed by ``unit_gpu_id`` directly."""
+        gpus = self.owner_gpus(owner)
+        if not gpus:
+            return None
+        held = np.zeros(self.n_gpus + 1, dtype=bool)
+        held[gpus] = True
+        return held
+
     def owner_units(self, owner: str) -> list[int]:
         """Units on a GPU that already holds a pod of ``owner``: the owner-spread rule refuses them all
         (DESIGN 4: never two pods of one owner on one GPU, so not on two MIG instances of it either)."""
-        gpus = self.owner_gpus(owner)
-        if not gpus:
+        held = self.owner_held(owner)
+        if held is None:
             return []
-        return np.flatnonzero(np.isin(self.unit_gpu_id[: self.n_units], np.array(gpus, dtype=np.int64))).tolist()
+        return np.flatnonzero(held[self.unit_gpu_id[: self.n_units]]).tolist()
 
     # ----- feasibility ----------------------------------------------------------------------
     def unit_accepts(self, req: PackRequest, rows: I64 | None = None) -> B:
@@ -327,12 +338,8 @@ class ClusterState:
             share = np.where(kind == KIND_MPS, mps_share_mib(mem, k, cap), mem)
             ok &= np.asarray(memory_floor_met(share, req.gpu_memory_mib, self.memory_tolerance), dtype=bool)
         if req.owner:
-            gpus = self.owner_gpus(req.owner)
-            if gpus:
-                # a per-GPU mask indexed by GPU id: one gather instead of np.isin's sort; its extra
-                # last entry (False) is what the sentinel's and padding's GPU id -1 reads
-                held = np.zeros(self.n_gpus + 1, dtype=bool)
-                held[gpus] = True
+            held = self.owner_held(req.owner)
+            if held is not None:
                 ok &= ~held[self.unit_gpu_id[at]]
         return np.asarray(ok, dtype=bool)
 
