@@ -331,6 +331,33 @@ class Counts:
         return {k: v for k, v in asdict(self).items() if k != "problems" and v}
 
 
+def _kubelet_allocatable(socket_path: str) -> int:
+    """How many ids of ours kubelet can allocate now (PodResources GetAllocatableResources): only
+    the healthy devices of a plugin registered with this kubelet process count."""
+    from deviceplugin.stamping import PodResourcesClient
+
+    async def go() -> int:
+        client = PodResourcesClient(Path(socket_path))
+        try:
+            return sum(len(ids) for r, ids in await client.allocatable() if r == RESOURCE)
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
+
+
+def _plugin_registrations(metrics_port: int) -> int:
+    """Successful registrations of the plugin process serving ``metrics_port`` (0 when unreachable):
+    the counter starts at 0 in every process, so 1 or more means this process has registered."""
+    status, body = http("GET", f"http://127.0.0.1:{metrics_port}/metrics", timeout=2.0)
+    if status != 200:
+        return 0
+    for line in body.decode().splitlines():
+        if line.startswith('gpu_slice_plugin_registrations_total{result="ok"}'):
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
 def _kubelet_ids(socket_path: str) -> dict[tuple[str, str], tuple[str, ...]]:
     """(namespace, pod name) → the slice ids kubelet's device manager gave it (PodResources List)."""
     from deviceplugin.stamping import PodResourcesClient
@@ -590,13 +617,19 @@ class System:
             node.plugin.start()
 
     def _wait_node_ready(self, node: Node, timeout: float = 120) -> None:
+        """The node's status and inventory show every slice, and the running plugin process has
+        registered with the running kubelet, which lists every slice healthy. The node object alone
+        would pass at once after a plugin or kubelet restart: it keeps the old allocatable and
+        annotation, and a pod bound before the new registration fails admission."""
         def ready() -> bool:
             assert node.plugin is not None
             node.plugin.check()
             n = self.kube.node(node.name)
             return (int((n["status"].get("allocatable") or {}).get(RESOURCE, "0")) == SLICES_PER_NODE
-                    and INVENTORY in ann_of(n))
-        wait(f"node {node.name}: {SLICES_PER_NODE} slices allocatable and the inventory written", ready, timeout,
+                    and INVENTORY in ann_of(n) and _plugin_registrations(node.metrics_port) >= 1
+                    and _kubelet_allocatable(node.pod_resources) == SLICES_PER_NODE)
+        wait(f"node {node.name}: {SLICES_PER_NODE} slices allocatable, the inventory written, the plugin "
+             "registered and every slice healthy in kubelet", ready, timeout,
              on_timeout=lambda: tail(node.plugin.log) if node.plugin else "")
 
     def _start_prometheus(self) -> None:
