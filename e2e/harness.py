@@ -84,6 +84,9 @@ TOPOLOGIES: dict[str, dict[str, Any]] = {
         {"product": "H100-80GB", "mode": "whole"}, {"product": "A100-80GB", "mode": "mps"}]},
 }
 SLICES_PER_NODE = 14
+# The plugin's successful registrations with kubelet: the counter starts at 0 in every plugin
+# process, so 1 or more means the process now running has registered.
+PLUGIN_REGISTERED = 'gpu_slice_plugin_registrations_total{result="ok"}'
 
 
 def skip_reason() -> str | None:
@@ -344,18 +347,6 @@ def _kubelet_allocatable(socket_path: str) -> int:
             await client.close()
 
     return asyncio.run(go())
-
-
-def _plugin_registrations(metrics_port: int) -> int:
-    """Successful registrations of the plugin process serving ``metrics_port`` (0 when unreachable):
-    the counter starts at 0 in every process, so 1 or more means this process has registered."""
-    status, body = http("GET", f"http://127.0.0.1:{metrics_port}/metrics", timeout=2.0)
-    if status != 200:
-        return 0
-    for line in body.decode().splitlines():
-        if line.startswith('gpu_slice_plugin_registrations_total{result="ok"}'):
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
 
 
 def _kubelet_ids(socket_path: str) -> dict[tuple[str, str], tuple[str, ...]]:
@@ -626,7 +617,8 @@ class System:
             node.plugin.check()
             n = self.kube.node(node.name)
             return (int((n["status"].get("allocatable") or {}).get(RESOURCE, "0")) == SLICES_PER_NODE
-                    and INVENTORY in ann_of(n) and _plugin_registrations(node.metrics_port) >= 1
+                    and INVENTORY in ann_of(n)
+                    and self.metric(f"http://127.0.0.1:{node.metrics_port}", PLUGIN_REGISTERED, timeout=2.0) >= 1
                     and _kubelet_allocatable(node.pod_resources) == SLICES_PER_NODE)
         wait(f"node {node.name}: {SLICES_PER_NODE} slices allocatable, the inventory written, the plugin "
              "registered and every slice healthy in kubelet", ready, timeout,
@@ -773,8 +765,10 @@ class System:
                 for e in self.kube.events(None)
                 if e.get("reason") == "UnexpectedAdmissionError" or str(e.get("reason", "")).startswith("OutOf")]
 
-    def metric(self, url: str, name: str) -> float:
-        _status, body = http("GET", f"{url}/metrics")
+    def metric(self, url: str, name: str, timeout: float = 10.0) -> float:
+        """The sum of the series ``name`` (a metric name, or one series with its labels) served at
+        ``url``; 0 when nothing answers (a process that is down has counted nothing)."""
+        _status, body = http("GET", f"{url}/metrics", timeout=timeout)
         total = 0.0
         for line in body.decode(errors="replace").splitlines():
             if line.startswith(name) and (line[len(name)] in " {"):
