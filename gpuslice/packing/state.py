@@ -294,15 +294,11 @@ class ClusterState:
             self._product_masks[products] = mask
         return mask
 
-    def owner_gpus(self, owner: str) -> list[int]:
-        """GPU ids (``unit_gpu_id``) already holding a pod of ``owner`` (for the owner-spread rule)."""
-        return [g for g, c in self._owners.get(owner, {}).items() if c > 0]
-
     def owner_held(self, owner: str) -> B | None:
-        """Per GPU id, whether it already holds a pod of ``owner`` (None if none does); one entry
-        more than there are GPUs, False, which the sentinel's and padding's GPU id -1 reads, so the
-        mask can be indexed by ``unit_gpu_id`` directly."""
-        gpus = self.owner_gpus(owner)
+        """Per GPU id, whether it already holds a pod of ``owner`` (None if none does), for the
+        owner-spread rule; one entry more than there are GPUs, False, which the sentinel's and
+        padding's GPU id -1 reads, so the mask can be indexed by ``unit_gpu_id`` directly."""
+        gpus = [g for g, c in self._owners.get(owner, {}).items() if c > 0]
         if not gpus:
             return None
         held = np.zeros(self.n_gpus + 1, dtype=bool)
