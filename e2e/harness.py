@@ -40,15 +40,20 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
 from tests.k8s_launcher import CLUSTER, run_cluster
+
+if TYPE_CHECKING:
+    from deviceplugin.stamping import PodResourcesClient
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFESTS = REPO / "manifests"
@@ -334,43 +339,39 @@ class Counts:
         return {k: v for k, v in asdict(self).items() if k != "problems" and v}
 
 
-def _kubelet_allocatable(socket_path: str) -> int:
-    """How many ids of ours kubelet can allocate now (PodResources GetAllocatableResources): only
-    the healthy devices of a plugin registered with this kubelet process count."""
+def _ask_kubelet(socket_path: str, call: Callable[[PodResourcesClient], Awaitable[T]]) -> T:
+    """One PodResources call to the kubelet listening at ``socket_path``, on a client of its own."""
     from deviceplugin.stamping import PodResourcesClient
 
-    async def go() -> int:
+    async def go() -> T:
         client = PodResourcesClient(Path(socket_path))
         try:
-            return sum(len(ids) for r, ids in await client.allocatable() if r == RESOURCE)
+            return await call(client)
         finally:
             await client.close()
 
     return asyncio.run(go())
+
+
+def _kubelet_allocatable(socket_path: str) -> int:
+    """How many ids of ours kubelet can allocate now (PodResources GetAllocatableResources): only
+    the healthy devices of a plugin registered with this kubelet process count."""
+    return sum(len(ids) for r, ids in _ask_kubelet(socket_path, lambda c: c.allocatable()) if r == RESOURCE)
 
 
 def _kubelet_ids(socket_path: str) -> dict[tuple[str, str], tuple[str, ...]]:
     """(namespace, pod name) → the slice ids kubelet's device manager gave it (PodResources List)."""
-    from deviceplugin.stamping import PodResourcesClient
-
-    async def go() -> dict[tuple[str, str], tuple[str, ...]]:
-        client = PodResourcesClient(Path(socket_path))
-        try:
-            resp = await client.list_pods()
-        finally:
-            await client.close()
-        out: dict[tuple[str, str], tuple[str, ...]] = {}
-        for p in resp.pod_resources:
-            ids: list[str] = []
-            for c in p.containers:
-                for d in c.devices:
-                    if d.resource_name == RESOURCE:
-                        ids.extend(d.device_ids)
-            if ids:
-                out[(p.namespace, p.name)] = tuple(ids)
-        return out
-
-    return asyncio.run(go())
+    resp = _ask_kubelet(socket_path, lambda c: c.list_pods())
+    out: dict[tuple[str, str], tuple[str, ...]] = {}
+    for p in resp.pod_resources:
+        ids: list[str] = []
+        for c in p.containers:
+            for d in c.devices:
+                if d.resource_name == RESOURCE:
+                    ids.extend(d.device_ids)
+        if ids:
+            out[(p.namespace, p.name)] = tuple(ids)
+    return out
 
 
 def audit(kube: Kube, pod_resources: dict[str, str], *, scheduler_names: Iterable[str] = (SCHEDULER_NAME,)
