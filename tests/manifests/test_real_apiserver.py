@@ -187,8 +187,8 @@ def test_overlays_apply_and_the_scheduler_and_extender_run_under_the_shipped_rba
 
         _wait("the extender to sync and see its scheduler hold the Lease", ready, 45)
         text = (cluster / "extender.log").read_text()
-        # A 403 as a status, not as digits of a port (":40357") or of a log time's milliseconds
-        # (",403"): both once made this assertion fail on a clean run.
+        # A 403 as a status, not as digits of a port (":40357", which once failed this assertion on
+        # a clean run) or of a log time's milliseconds (",403").
         denied = re.search(r"(?<![\d,:.])403(?!\d)|forbidden", text, re.IGNORECASE)
         assert denied is None, text
     finally:
