@@ -152,7 +152,7 @@ def run_fake(fc_seeds: Sequence[int], seeds: Sequence[int], policies: Sequence[s
              results: dict[str, dict[str, dict[int, float]]], folder: Path) -> None:
     for mode in FAKE_MODES:
         for fc in fc_seeds:
-            cluster = load_kube_cluster([fake_cluster_file(mode, fc, folder=folder)])
+            cluster = load_kube_cluster([fake_cluster_file(mode, fc, folder)])
             capacity = cluster.state().total_slices
             for dep in departures:
                 name = f"fc-{mode}-s{fc}-{'dep' if dep else 'arr'}"

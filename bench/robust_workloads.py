@@ -21,7 +21,6 @@ bench replays the generated pods' shapes with and without departures (see ``benc
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -136,15 +135,15 @@ def describe(pods: Sequence[OpenbPod]) -> str:
 FAKE_MODES = ("mig", "mixed", "mps")
 
 
-def fake_cluster_file(mode: str, seed: int, *, nodes: int = 30, gpus: int = 8, product: str = "H100-80GB",
-                      pods_per_node: int = 8, folder: Path | None = None) -> Path:
+def fake_cluster_file(mode: str, seed: int, folder: Path, *, nodes: int = 30, gpus: int = 8,
+                      product: str = "H100-80GB", pods_per_node: int = 8) -> Path:
     """What ``gpu-slice fake-cluster --nodes N --gpus-per-node G --product P --mode M --pods-per-node K
-    --seed S -o FILE`` writes (same generator), as a JSON v1 List in ``folder`` (a temp dir if None)."""
+    --seed S -o FILE`` writes (same generator), as a JSON v1 List in ``folder``. The caller owns the
+    folder and removes it (a temp dir made here would outlive the run)."""
     from gpuslice.fakecluster import FakeClusterSpec, generate
 
     fc = generate(FakeClusterSpec(nodes=nodes, gpus_per_node=gpus, product=product, mode=mode,  # type: ignore[arg-type]
                                   pods_per_node=pods_per_node, seed=seed))
-    folder = folder or Path(tempfile.mkdtemp(prefix="fc-"))
     path = folder / f"fc_{mode}_{seed}.json"
     path.write_text(json.dumps(fc.document))
     return path
