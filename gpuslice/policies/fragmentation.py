@@ -1,5 +1,13 @@
 """``fragmentation``: our default, FGD's expected-fragmentation idea, aware of the slice model.
 
+The idea in short: a placement costs what it adds to the cluster's expected fragmentation, measured
+against the mix of pod shapes seen so far, in every resource that can run out (GPU slices, CPU, host
+memory), with MIG instances as fixed bins worth the demand for their size, and with the owner-spread
+rule as part of what a later pod can still use. The points below are its parts: FGD's own measure
+(1), the slice model (2, 7), CPU and memory (3, 9), GPU products (5), owners (6), multi-GPU hosts
+(8), the order among near-equal placements (4) and the online packing rule it keeps (10). None
+reads a history of events.
+
 1. FGD level: ``int(100 * sigmoid(-(F_after - F_before) / S))`` as in :mod:`fgd` (an integer level
    on purpose: exact deltas pack worse), against an **online** target: every pod shape seen so far
    (CPU, slices per GPU, GPUs, allowed products, and here also the GPU-memory floor and isolation),
