@@ -344,7 +344,7 @@ def test_the_assignment_carries_each_policys_score_and_the_total() -> None:
     from the filter's ranking when the pod was reserved, from bind's own when not."""
     g = mps_gpu("n1", 0)
     mig = mig_gpu("n1", 1, A_LAYOUT)
-    view, sched = build([node_obj("n1", [g, mig]), pod_obj("a", 3, node="n1", assigned=sids(g.uuid, 3))])
+    _, sched = build([node_obj("n1", [g, mig]), pod_obj("a", 3, node="n1", assigned=sids(g.uuid, 3))])
     names = {p.name for p, _ in sched.policy.parts}
     assert names == {"fragmentation", "cost", "utilization"}
     res = sched.filter(pod_obj("u1", 2), ["n1"], NOW)
