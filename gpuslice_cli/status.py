@@ -81,7 +81,8 @@ def live_items(kubeconfig: str | None) -> list[Mapping[str, Any]]:
     core = client.CoreV1Api(api)
     out: list[Mapping[str, Any]] = []
     try:
-        for kind, call in (("Node", core.list_node), ("Pod", core.list_pod_for_all_namespaces)):
+        calls: tuple[tuple[str, Any], ...] = (("Node", core.list_node), ("Pod", core.list_pod_for_all_namespaces))
+        for kind, call in calls:
             resp = call(_preload_content=False, _request_timeout=60)
             try:
                 items = json.loads(resp.data)["items"]
@@ -93,7 +94,7 @@ def live_items(kubeconfig: str | None) -> list[Mapping[str, Any]]:
     except OSError as err:  # urllib3 wraps connection failures in OSError subclasses
         raise StatusError(f"cannot reach the API server: {err}") from None
     finally:
-        api.close()
+        api.close()  # type: ignore[no-untyped-call]
     return out
 
 
