@@ -86,7 +86,7 @@ def test_scheduler_config_matches_the_extender(overlay: str) -> None:
     from extender.service import Extender
     from gpuslice.config import default_config
 
-    objs = build(overlay)
+    objs = build(overlay, monitoring=True)
     dep, config = _scheduler(objs)
     assert config == yaml.safe_load(SCHEDULER_CONFIG.read_text()), "the ConfigMap is scheduler-config.yaml"
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
@@ -212,7 +212,7 @@ def test_daemonset_mounts_what_the_plugin_settings_use(overlay: str, tmp_path: P
     from deviceplugin import cli
     from deviceplugin.settings import build as build_settings
 
-    objs = build(overlay)
+    objs = build(overlay, monitoring=True)
     ds = one(objs, "DaemonSet", "gpu-slice-device-plugin")
     pod = ds["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -317,7 +317,7 @@ def test_admission_policy_names_the_service_accounts_the_pods_run_as() -> None:
     assert named == accounts == used
     policies = {o["metadata"]["name"] for o in objs if o["kind"] == "ValidatingAdmissionPolicy"}
     bindings = {o["spec"]["policyName"] for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"}
-    assert policies == bindings == {"gpu-slice-annotations", "gpu-slice-device-plugin-own-node"}
+    assert policies == bindings == {"gpu-slice-annotations", "gpu-slice-device-plugin-own-node", "gpu-slice-requests"}
 
 
 def test_every_namespaced_object_is_in_the_project_namespace_or_the_lease_namespace() -> None:
@@ -371,7 +371,7 @@ def _series_in(expr: str) -> set[str]:
 
 def test_alerts_read_series_the_code_exports() -> None:
     exported = _exported_series()
-    rule = one(build("nvidia"), "PrometheusRule", "gpu-slice")
+    rule = one(build("nvidia", monitoring=True), "PrometheusRule", "gpu-slice")
     alerts = {r["alert"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]}
     assert {"GpuSliceSignalStale", "GpuSliceSlicesUnhealthy", "GpuSlicePodAdmissionFailed",
             "GpuSliceAssignmentNotHonoured", "GpuSliceExtenderSlow"} <= alerts.keys()
@@ -383,7 +383,7 @@ def test_alerts_read_series_the_code_exports() -> None:
 
 def test_dashboard_reads_series_the_code_exports() -> None:
     exported = _exported_series()
-    objs = build("nvidia")
+    objs = build("nvidia", monitoring=True)
     (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gpu-slice-dashboard"]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     dash = json.loads(cm["data"]["gpu-slice.json"])
