@@ -54,6 +54,7 @@ class Settings:
     tls_cert: str | None
     tls_key: str | None
     max_body_bytes: int
+    slice_map: str = "off"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +83,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-key", help="private key (PEM) for --tls-cert")
     parser.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024,
                         help="largest request body accepted (default 16 MiB)")
+    parser.add_argument("--slice-map", default="off", choices=("off", "token", "loopback"),
+                        help="serve the read-only web slice map at /slicemap: token (a bearer token the API server "
+                             "reviews; RBAC get on /slicemap/*), loopback (kubectl port-forward only) or off "
+                             "(default)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
 
@@ -113,9 +118,13 @@ def build_settings(args: argparse.Namespace) -> Settings:
         raise SettingsError(f"--prometheus-url must start with http:// or https://, got {args.prometheus_url!r}")
     identity = args.identity or os.environ.get("POD_NAME") or socket.gethostname()
     fencing = not args.no_fencing and not args.cluster
+    slice_map = getattr(args, "slice_map", "off")
+    if slice_map == "token" and args.cluster:
+        raise SettingsError("--slice-map token reviews tokens with the API server; with --cluster use "
+                            "--slice-map loopback")
     return Settings(config, args.kubeconfig, Path(args.cluster) if args.cluster else None, args.address, args.port,
                     ns, name, fencing, identity, args.prometheus_url, args.signal_interval, args.signal_max_age,
-                    args.tls_cert, args.tls_key, args.max_body_bytes)
+                    args.tls_cert, args.tls_key, args.max_body_bytes, slice_map)
 
 
 def _api_client(kubeconfig: str | None) -> Any:
@@ -150,6 +159,7 @@ class Service:
         self.settings = settings
         self.metrics = ExtenderMetrics()
         self.informer: Informer | None = None
+        self.api: Any = None  # the API client (None for a --cluster dry run)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         lease = f"{settings.lease_namespace}/{settings.lease_name}"
@@ -171,7 +181,7 @@ class Service:
                 raise SettingsError(f"--cluster {settings.cluster}: {err}") from None
             self.fence = self.ext.fence
         else:
-            api = _api_client(settings.kubeconfig)
+            api = self.api = _api_client(settings.kubeconfig)
             self.fence = Fence(api, settings.identity, namespace=settings.lease_namespace,
                                name=settings.lease_name, enabled=settings.fencing,
                                on_error=self.metrics.lease_error) if settings.fencing else Fence.disabled()
@@ -249,6 +259,12 @@ def run(args: argparse.Namespace) -> int:
     from extender.app import build_app
 
     app = build_app(service.ext, max_body=settings.max_body_bytes, ready=service.ready)
+    if settings.slice_map != "off":
+        from extender.authgate import AuthGate
+        from extender.slicemap import routes
+
+        # The non-verb routes of this one port for now; the ops port's app when the ports split.
+        app.router.routes.extend(routes(service.ext, AuthGate(settings.slice_map, service.api)))
     server = uvicorn.Server(uvicorn.Config(app, host=settings.address, port=settings.port, log_level="warning",
                                            ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key,
                                            access_log=False))

@@ -297,14 +297,19 @@ def test_rbac_is_least_privilege() -> None:
         ("", "pods/binding", "create")}
     for o in objs:
         for rule in o.get("rules", []):
-            assert "*" not in rule["verbs"] and "*" not in rule["resources"], o["metadata"]["name"]
-            assert "secrets" not in rule["resources"], o["metadata"]["name"]
+            assert "*" not in rule["verbs"] and "*" not in rule.get("resources", []), o["metadata"]["name"]
+            assert "secrets" not in rule.get("resources", []), o["metadata"]["name"]
+    # The slice map's readers get one read-only path, nothing else.
+    assert one(objs, "ClusterRole", "gpu-slice-slicemap-reader")["rules"] == [
+        {"nonResourceURLs": ["/slicemap", "/slicemap/*"], "verbs": ["get"]}]
     bound = {(b["roleRef"]["name"], s["name"]) for b in objs if b["kind"] == "ClusterRoleBinding"
              for s in b["subjects"]}
     assert bound == {("gpu-slice-device-plugin", "gpu-slice-device-plugin"),
                      ("gpu-slice-extender", "gpu-slice-extender"),
                      ("system:kube-scheduler", "gpu-slice-extender"),
-                     ("system:volume-scheduler", "gpu-slice-extender")}
+                     ("system:volume-scheduler", "gpu-slice-extender"),
+                     # TokenReview and SubjectAccessReview for the slice map's bearer tokens
+                     ("system:auth-delegator", "gpu-slice-extender")}
 
 
 def test_admission_policy_names_the_service_accounts_the_pods_run_as() -> None:
