@@ -672,7 +672,7 @@ class System:
         argv = [sys.executable, "-m", "gpuslice_cli", "extender", f"--config={self.extender_config}",
                 "--address=127.0.0.1", f"--port={port}", f"--lease={LEASE_NS}/{LEASE_NAME}",
                 f"--identity={identity}", "--kubeconfig", str(sa), "--prometheus-url", self.prometheus_url,
-                "--signal-interval", "2"]
+                "--signal-interval", "2", "--slice-map=token"]
         if not self.fencing:
             argv.append("--no-fencing")
         ext = Proc(f"extender-{i}", argv, self.work / f"extender-{i}.log")

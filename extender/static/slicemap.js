@@ -37,9 +37,26 @@
     return ((h >>> 0) % 360);
   }
 
+  // Hues a golden angle apart for the pods (or namespaces) on the map, in name order, so neighbours
+  // differ; a name not in the palette (between refreshes) falls back to a hash of itself.
+  let palette = new Map();
+
+  function keyOf(holder) {
+    return colourBy === "namespace" ? holder.pod.split("/")[0] : holder.pod;
+  }
+
+  function makePalette(data) {
+    const keys = new Set();
+    for (const n of data.nodes) for (const g of n.gpus) for (const u of g.units) for (const h of u.holders) {
+      keys.add(keyOf(h));
+    }
+    palette = new Map([...keys].sort().map((k, i) => [k, Math.round((i * 137.508) % 360)]));
+  }
+
   function colour(holder) {
-    const key = colourBy === "namespace" ? holder.pod.split("/")[0] : holder.pod;
-    return "hsl(" + hue(key) + ", 62%, " + (holder.source === "reserved" ? "80%" : "58%") + ")";
+    const key = keyOf(holder);
+    const h = palette.has(key) ? palette.get(key) : hue(key);
+    return "hsl(" + h + ", 62%, " + (holder.source === "reserved" ? "80%" : "60%") + ")";
   }
 
   function shortName(pod) {
@@ -100,11 +117,14 @@
         tip.textContent = (b.label || "free") + " · " + b.width + " slice(s)";
       }
       g.appendChild(tip);
-      const text = b.holder ? shortName(b.holder.pod) : b.label;
-      if (text && w > 34) {
+      // A label only where it fits (about 6.5 px a character at 11 px), cut short otherwise.
+      let text = b.holder ? shortName(b.holder.pod) : b.label;
+      const room = Math.floor((w - 8) / 6.5);
+      if (text && text.length > room) text = room >= 4 ? text.slice(0, room - 1) + "…" : "";
+      if (text) {
         const t = svg("text", { x: 1 + x + w / 2, y: H / 2 + 4, "text-anchor": "middle", "font-size": 11,
                                 fill: b.holder ? "#10131a" : "#6b7385" });
-        t.textContent = w > 70 || !b.holder ? text : text.slice(0, Math.max(3, Math.floor(w / 7))) ;
+        t.textContent = text;
         g.appendChild(t);
       }
       pic.appendChild(g);
@@ -131,6 +151,7 @@
       chip("unavailable", cap.unavailable, cap.unavailable > 0), chip("pending", data.pending.length,
       data.pending.length > 0));
     document.getElementById("gpu-count").textContent = "(" + cap.gpus + " GPUs on " + data.nodes.length + " nodes)";
+    makePalette(data);
     const legend = new Map();
     const nodes = document.getElementById("nodes");
     nodes.replaceChildren();
