@@ -18,6 +18,7 @@ import json
 import re
 import shlex
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 import yaml
@@ -465,3 +466,23 @@ def test_readme_install_section() -> None:
     versions = readme.split("\n## Supported versions\n", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| Kubernetes \| (\S+) to (\S+) \|", versions, re.M)
     assert rows == [(OLDEST, NEWEST)]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_scheduler_image_follows_the_clusters_version_through_one_knob(overlay: str) -> None:
+    """Shipped at the version CI runs (the kube-scheduler in ../shared/k8s is v1.36.2); an ``images``
+    entry over the overlay moves it to an older minor, and nothing else changes."""
+    from tests.manifests.built import with_scheduler_tag
+
+    def image(objs: list[dict[str, Any]]) -> str:
+        dep = one(objs, "Deployment", "gpu-slice-scheduler")
+        (c,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "kube-scheduler"]
+        return str(c["image"])
+
+    shipped = build(overlay)
+    assert image(shipped) == "registry.k8s.io/kube-scheduler:v1.36.2"
+    moved = [dict(o) for o in with_scheduler_tag(overlay, "v1.31.4")]
+    assert image(moved) == "registry.k8s.io/kube-scheduler:v1.31.4"
+    assert len(moved) == len(shipped)
+    base = (MANIFESTS / "base" / "kustomization.yaml").read_text()
+    assert "registry.k8s.io/kube-scheduler" in base and "1.30-1.36" in base

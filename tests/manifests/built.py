@@ -58,6 +58,21 @@ def _monitored(overlay: str) -> tuple[Obj, ...]:
         return _build(tmp)
 
 
+@functools.cache
+def with_scheduler_tag(overlay: str, tag: str) -> tuple[Obj, ...]:
+    """The overlay with the scheduler image set to ``tag`` the way README "Install" says: an ``images``
+    entry (what ``kustomize edit set image`` writes) in a kustomization over the overlay."""
+    if kubectl() is None:
+        pytest.skip("kubectl is not installed (.ci/run installs it): the kustomize tree cannot be built")
+    with tempfile.TemporaryDirectory(prefix="gsk") as tmp:
+        rel = os.path.relpath(MANIFESTS, tmp)
+        Path(tmp, "kustomization.yaml").write_text(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+            f"resources:\n  - {rel}/overlays/{overlay}\n"
+            f"images:\n  - name: registry.k8s.io/kube-scheduler\n    newTag: {tag}\n")
+        return _build(tmp)
+
+
 def build(overlay: str, *, monitoring: bool = False) -> list[Obj]:
     """The objects ``kubectl kustomize manifests/overlays/<overlay>`` renders (skips without kubectl);
     ``monitoring``: with the opt-in ``components/monitoring`` added."""
