@@ -19,7 +19,7 @@ node of a product that takes the pod.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from gpuslice.counting import HeldSlices
 from gpuslice.errors import GpuSliceError
 from gpuslice.model import Gpu
 from gpuslice.packing.state import Fit, PackRequest
@@ -39,6 +40,11 @@ from gpuslice.units import format_mib
 from gpuslice.view import ClusterView
 
 STATUS_VERSION = "gpu-slice.example.com/v1"
+
+#: How many refused nodes an eviction search tries per Pending pod shape, as kube-scheduler's
+#: preemption does (DefaultPreemption's minCandidateNodesAbsolute 100 and minCandidateNodesPercentage
+#: 10 %): at least this many, or 10 % of the nodes when that is more.
+EVICTION_NODES = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,8 +200,8 @@ def _holders(view: ClusterView, name: str) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-def _holder_list(view: ClusterView, name: str, held: list[tuple[str, str]]) -> tuple[Holder, ...]:
-    holdings = view.holdings(name).held
+def _holder_list(view: ClusterView, holdings: Mapping[str, HeldSlices],
+                 held: list[tuple[str, str]]) -> tuple[Holder, ...]:
     by_uid: dict[str, list[str]] = {}
     for sid, uid in held:
         by_uid.setdefault(uid, []).append(sid)
@@ -210,7 +216,7 @@ def _holder_list(view: ClusterView, name: str, held: list[tuple[str, str]]) -> t
 
 
 def _units(view: ClusterView, name: str, gpu: Gpu, usable_by: NDArray[np.bool_],
-           held: dict[str, list[tuple[str, str]]]) -> tuple[UnitStatus, ...]:
+           held: dict[str, list[tuple[str, str]]], holdings: Mapping[str, HeldSlices]) -> tuple[UnitStatus, ...]:
     st = view.state
     keys = view.nodes[name].keys
     parts = ([(i.uuid, i.profile, i.start, i.compute_slices, i.memory_mib) for i in gpu.instances]
@@ -222,13 +228,13 @@ def _units(view: ClusterView, name: str, gpu: Gpu, usable_by: NDArray[np.bool_],
         ok = row is not None and bool(st.unit_usable[row])
         stranded = free if ok and free and not usable_by[row] else 0
         out.append(UnitStatus(uuid, profile, start, slices, memory, free, stranded,
-                              _holder_list(view, name, held.get(uuid, []))))
+                              _holder_list(view, holdings, held.get(uuid, []))))
     return tuple(out)
 
 
-def _disagreements(view: ClusterView, name: str) -> list[Disagreement]:
+def _disagreements(name: str, holdings: Mapping[str, HeldSlices]) -> list[Disagreement]:
     out = []
-    for uid, h in view.holdings(name).held.items():
+    for uid, h in holdings.items():
         if h.drift and h.assignment is not None and h.allocated is not None:
             out.append(Disagreement(h.pod, uid, name, tuple(sorted(h.assignment.slice_ids)),
                                     tuple(sorted(h.allocated.slice_ids))))
@@ -236,11 +242,14 @@ def _disagreements(view: ClusterView, name: str) -> list[Disagreement]:
 
 
 def build_status(view: ClusterView, sched: Scheduler, now: float, *,
-                 max_suggestions: int | None = None) -> ClusterStatus:
+                 max_suggestions: int | None = None, eviction_nodes: int | None = None) -> ClusterStatus:
     """The whole picture at ``now`` (seconds since the epoch, the caller's clock).
 
     ``max_suggestions``: work out suggestions for at most this many Pending pods (highest priority,
-    then oldest, first; the slice map bounds its cost with it), the rest get reasons only."""
+    then oldest, first; the slice map bounds its cost with it), the rest get reasons only.
+    ``eviction_nodes``: refused nodes an eviction search tries per pod shape (default: kube-scheduler's
+    own sample, ``EVICTION_NODES`` or 10 % of the nodes); Pending pods of one shape and priority share
+    one search, as nothing changes between them."""
     view.expire(now)
     s = view.settings.slices_per_gpu
     pending_info = []
@@ -264,6 +273,7 @@ def build_status(view: ClusterView, sched: Scheduler, now: float, *,
     disagreements: list[Disagreement] = []
     cap = Capacity(shapes=len(shapes))
     totals = Counter[str]()
+    idle_mig: list[tuple[str, int, Gpu]] = []  # (node, row, GPU): MIG GPUs no pod or reservation holds
     for name in sorted(view.nodes):
         n = view.nodes[name]
         inv = n.info.inventory
@@ -272,8 +282,11 @@ def build_status(view: ClusterView, sched: Scheduler, now: float, *,
         gpus: list[GpuStatus] = []
         if inv is not None and n.row >= 0:
             held = _holders(view, name)
+            holdings = view.holdings(name).held  # the counting rule, settled once per node
             for gpu in sorted(inv.gpus, key=lambda g: g.index):
-                units = _units(view, name, gpu, usable_by, held)
+                units = _units(view, name, gpu, usable_by, held, holdings)
+                if gpu.mode == "mig" and gpu.schedulable and not any(u.holders for u in units):
+                    idle_mig.append((name, n.row, gpu))
                 g = GpuStatus(gpu.uuid, gpu.index, gpu.product, gpu.mode, gpu.slices, gpu.memory_mib, gpu.healthy,
                               gpu.cordoned, units)
                 gpus.append(g)
@@ -285,11 +298,13 @@ def build_status(view: ClusterView, sched: Scheduler, now: float, *,
                     totals["stranded"] += sum(u.stranded for u in units) if shapes else 0
                 else:
                     totals["unavailable"] += sum(u.free for u in units)
-            disagreements += _disagreements(view, name)
+            disagreements += _disagreements(name, holdings)
         nodes.append(NodeStatus(name, n.info.spec.product, n.info.error, tuple(gpus)))
     cap = replace(cap, **{k: int(v) for k, v in totals.items()})
     pending_info.sort(key=lambda t: (-t[0].priority, t[0].created, t[0].label))
-    pending = [_pending(view, info, req, now, suggest=max_suggestions is None or i < max_suggestions)
+    alive = int(view.state.node_alive[: view.state.n_nodes].sum())
+    search = _Search(eviction_nodes if eviction_nodes is not None else max(EVICTION_NODES, alive // 10), idle_mig)
+    pending = [_pending(view, info, req, now, search, suggest=max_suggestions is None or i < max_suggestions)
                for i, (info, req) in enumerate(pending_info)]
     when = datetime.fromtimestamp(now, UTC)
     return ClusterStatus(when, cap, tuple(nodes), tuple(pending), tuple(disagreements), tuple(view.problems()))
@@ -297,7 +312,25 @@ def build_status(view: ClusterView, sched: Scheduler, now: float, *,
 
 # --------------------------------------------------------------------------- Pending pods
 
-def _pending(view: ClusterView, info: PodInfo, req: PackRequest | None, now: float, *,
+class _Search:
+    """What suggestions share within one status: the idle MIG GPUs, and eviction answers by (request
+    without its UID, priority), at most ``nodes`` refused nodes tried each, stopping at a one-pod
+    answer (none has fewer)."""
+
+    def __init__(self, nodes: int, idle_mig: list[tuple[str, int, Gpu]]) -> None:
+        self.nodes = nodes
+        self.idle_mig = idle_mig
+        self.found: dict[tuple[PackRequest, int], Suggestion | None] = {}
+
+    def best(self, view: ClusterView, info: PodInfo, req: PackRequest, resolvable: list[int],
+             now: float) -> Suggestion | None:
+        key = (replace(req, uid=""), info.priority)
+        if key not in self.found:
+            self.found[key] = _evict(view, info, req, resolvable[: self.nodes], now)
+        return self.found[key]
+
+
+def _pending(view: ClusterView, info: PodInfo, req: PackRequest | None, now: float, search: _Search, *,
              suggest: bool) -> PendingPod:
     request = info.request
     slices = request.slices if request is not None else 0
@@ -331,18 +364,18 @@ def _pending(view: ClusterView, info: PodInfo, req: PackRequest | None, now: flo
         reason = f"0/{alive.shape[0]} nodes: " + "; ".join(f"{n} x {t}" for t, n in counts.items())
     suggestions: tuple[Suggestion, ...] = ()
     if suggest:
-        suggestions = tuple(_suggest(view, info, req, fit, resolvable, now))
+        suggestions = tuple(_suggest(view, info, req, fit, resolvable, now, search))
     return PendingPod(info.label, info.uid, slices, memory, isolation, info.priority, reason, counts, suggestions)
 
 
 def _suggest(view: ClusterView, info: PodInfo, req: PackRequest, fit: Fit, resolvable: list[int],
-             now: float) -> list[Suggestion]:
+             now: float, search: _Search) -> list[Suggestion]:
     """Smallest change first: a re-cut disturbs nobody, an eviction some pods, a node costs money."""
     out: list[Suggestion] = []
-    recut = _recut(view, req, fit)
+    recut = _recut(view, req, fit, search.idle_mig)
     if recut is not None:
         out.append(recut)
-    evict = _evict(view, info, req, resolvable, now)
+    evict = search.best(view, info, req, resolvable, now)
     if evict is not None:
         out.append(evict)
     st = view.state
@@ -359,31 +392,24 @@ def _suggest(view: ClusterView, info: PodInfo, req: PackRequest, fit: Fit, resol
     return out
 
 
-def _recut(view: ClusterView, req: PackRequest, fit: Fit) -> Suggestion | None:
+def _recut(view: ClusterView, req: PackRequest, fit: Fit, idle_mig: list[tuple[str, int, Gpu]]) -> Suggestion | None:
     """An idle MIG GPU (no instance held or reserved, healthy, uncordoned) on a node that takes the pod
     but for its GPUs, whose product has a profile of the pod's size and memory."""
     if req.gpus != 1 or req.isolation == "mps":
         return None
     tol = view.settings.memory_tolerance
-    for name in sorted(view.nodes):
-        n = view.nodes[name]
-        inv = n.info.inventory
-        v = n.row
-        if inv is None or v < 0 or not (fit.cpu[v] and fit.memory[v] and fit.product[v]):
+    for name, v, gpu in idle_mig:
+        if not (fit.cpu[v] and fit.memory[v] and fit.product[v]):
             continue
-        held_owners = {sid.rsplit("::", 1)[0] for sid in n.held}
-        for gpu in sorted(inv.gpus, key=lambda g: g.index):
-            if gpu.mode != "mig" or not gpu.schedulable or any(i.uuid in held_owners for i in gpu.instances):
-                continue
-            if any(i.compute_slices == req.slices for i in gpu.instances):
-                continue  # an instance of the size is here and free: not a layout matter
-            profile = fitting_profile(gpu.product, req.slices, req.gpu_memory_mib, tol)
-            if profile is None:
-                continue
-            layout = ", ".join(i.profile for i in gpu.instances) or "no instances"
-            return Suggestion("recut", f"re-cut idle MIG GPU {gpu.index} ({gpu.uuid}) on node {name} "
-                                       f"(now {layout}) to include a {profile.name} instance",
-                              node=name, gpu=gpu.uuid, profile=profile.name, product=gpu.product)
+        if any(i.compute_slices == req.slices for i in gpu.instances):
+            continue  # an instance of the size is here and free: not a layout matter
+        profile = fitting_profile(gpu.product, req.slices, req.gpu_memory_mib, tol)
+        if profile is None:
+            continue
+        layout = ", ".join(i.profile for i in gpu.instances) or "no instances"
+        return Suggestion("recut", f"re-cut idle MIG GPU {gpu.index} ({gpu.uuid}) on node {name} "
+                                   f"(now {layout}) to include a {profile.name} instance",
+                          node=name, gpu=gpu.uuid, profile=profile.name, product=gpu.product)
     return None
 
 
@@ -405,6 +431,8 @@ def _evict(view: ClusterView, info: PodInfo, req: PackRequest, resolvable: list[
         key = (len(victims), sum(_label(view, u)[1] for u in victims), name)
         if best is None or key < best[0]:
             best = (key, name, victims)
+        if len(victims) == 1:
+            break  # no node needs fewer
     if best is None:
         return None
     _, name, victims = best

@@ -95,3 +95,19 @@ def test_gate_modes_are_checked() -> None:
         AuthGate("off")
     with pytest.raises(ValueError, match="API client"):
         AuthGate("token")
+
+
+def test_one_status_serves_every_viewer_while_it_is_fresh() -> None:
+    built: list[float] = []
+    now = [100.0]
+
+    def status(ext: Extender, limit: int | None) -> dict[str, Any]:
+        built.append(now[0])
+        return {"n": len(built)}
+
+    app = Starlette(routes=routes(extender(), AuthGate("loopback"), status=status, cache_s=5.0,
+                                  clock=lambda: now[0]))
+    c = Client(app)
+    assert [c.get("/slicemap/api/status").json()["n"] for _ in range(3)] == [1, 1, 1]
+    now[0] += 5.0
+    assert c.get("/slicemap/api/status").json()["n"] == 2 and built == [100.0, 105.0]
