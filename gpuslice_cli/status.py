@@ -2,7 +2,8 @@
 assignment and ``allocated``, and each Pending slice pod with its reason and the smallest change
 that lets it in.
 
-It reads the live cluster (``--kubeconfig``, else the in-cluster service account) or a dump
+It reads the live cluster (``--kubeconfig``; else the in-cluster service account in a pod, else the
+kubeconfig kubectl would use) or a dump
 (``--cluster FILE``: ``kubectl get nodes,pods -A -o yaml``, or ``gpu-slice fake-cluster`` output),
 builds the extender's own view and decision API over it (:mod:`gpuslice.status`) and prints tables
 as kubectl does, or ``-o json|yaml``. It only reads: nothing is reserved, bound or written.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -20,7 +22,7 @@ from typing import Any
 
 from gpuslice.config import Config, default_config, load_config_text
 from gpuslice.errors import GpuSliceError
-from gpuslice.status import ClusterStatus, GpuStatus, UnitStatus
+from gpuslice.status import ClusterStatus, GpuStatus, PendingPod, UnitStatus
 from gpuslice_cli.tables import table
 
 OUTPUTS = ("table", "wide", "json", "yaml")
@@ -32,7 +34,8 @@ class StatusError(GpuSliceError):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group()
-    src.add_argument("--kubeconfig", help="kubeconfig file (default: the in-cluster service account)")
+    src.add_argument("--kubeconfig", help="kubeconfig file (default: the in-cluster service account inside a pod, "
+                                          "else $KUBECONFIG or ~/.kube/config, as kubectl)")
     src.add_argument("--cluster", help="a v1 List of nodes and pods instead of the live cluster "
                                        "(kubectl get nodes,pods -A -o yaml; gpu-slice fake-cluster output)")
     parser.add_argument("--config", help="the versioned config the services run with (S, memory tolerance, "
@@ -69,13 +72,14 @@ def live_items(kubeconfig: str | None) -> list[Mapping[str, Any]]:
     from kubernetes.client.exceptions import ApiException
 
     conf = client.Configuration()
+    incluster = not kubeconfig and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
     try:
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=conf)  # type: ignore[no-untyped-call]
-        else:
+        if incluster:
             config.load_incluster_config(client_configuration=conf)  # type: ignore[no-untyped-call]
+        else:  # kubectl's lookup: the file given, else $KUBECONFIG, else ~/.kube/config
+            config.load_kube_config(config_file=kubeconfig, client_configuration=conf)  # type: ignore[no-untyped-call]
     except (config.ConfigException, OSError) as err:
-        where = kubeconfig or "the in-cluster service account"
+        where = kubeconfig or ("the in-cluster service account" if incluster else "the default kubeconfig")
         raise StatusError(f"cannot use {where}: {err} (give --kubeconfig or --cluster)") from None
     api = client.ApiClient(conf)
     core = client.CoreV1Api(api)
@@ -154,7 +158,7 @@ def render(st: ClusterStatus, output: str = "table") -> str:
         for p in st.pending:
             sug = (" | ".join(s.text for s in p.suggestions) if wide else
                    (p.suggestions[0].text if p.suggestions else "-"))
-            reason = p.reason if wide else _short(p.reason)
+            reason = p.reason if wide else _short(p)
             prow.append([p.pod, p.slices, p.memory or "-", p.isolation or "-", p.priority, reason, sug])
         parts.append(table(["pending pod", "slices", "memory", "isolation", "priority", "reason", "suggestion"],
                            prow))
@@ -166,14 +170,14 @@ def render(st: ClusterStatus, output: str = "table") -> str:
     return "\n\n".join(parts)
 
 
-def _short(reason: str) -> str:
+def _short(p: PendingPod) -> str:
     """The most common node reason alone (``wide`` prints them all)."""
-    head, sep, rest = reason.partition(": ")
-    if not sep or not head.startswith("0/"):
-        return reason
-    first = rest.split("; ", 1)
-    more = f" (+{rest.count('; ')} more)" if len(first) > 1 else ""
-    return f"{head}: {first[0]}{more}"
+    if not p.reason.startswith("0/") or not p.reasons:
+        return p.reason
+    text, n = next(iter(p.reasons.items()))
+    more = len(p.reasons) - 1
+    return (f"0/{sum(p.reasons.values())} nodes: {n} x {text}"
+            + (f" (+{more} other reason{'s' if more > 1 else ''})" if more else ""))
 
 
 def run(args: argparse.Namespace) -> int:

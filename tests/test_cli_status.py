@@ -105,3 +105,21 @@ def test_bad_input_is_refused_with_the_reason(tmp_path: Path, capsys: pytest.Cap
     with pytest.raises(SystemExit):
         cli.main(["status", "-o", "xml"])
     assert render is not None and ann.INVENTORY_KEY
+
+
+def test_without_flags_it_uses_the_kubeconfig_kubectl_would(
+        fake_api: FakeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": fake_api.url}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
+        "users": [{"name": "u", "user": {}}]}))
+    # The client reads $KUBECONFIG (else ~/.kube/config) once, when it is first imported.
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    assert cli.main(["status", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["nodes"] == []
+    assert cli.main(["status", "--kubeconfig", str(tmp_path / "nowhere")]) == 2
+    assert "cannot use" in capsys.readouterr().err

@@ -224,3 +224,14 @@ def test_mig_default_reaching_a_non_mig_gpu_is_refused_at_use() -> None:
 def test_odd_yaml_is_a_config_error(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config_text(text)
+
+
+def test_the_readme_configuration_example_is_a_valid_config() -> None:
+    """What README "Configuration" shows (migLayouts included) is what this build accepts."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## Configuration\n", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    cfg = load_config_text(block)
+    assert cfg.mig_layout_for("H100-80GB") == ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")
