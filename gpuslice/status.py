@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from gpuslice.counting import HeldSlices
+from gpuslice.counting import Claim
 from gpuslice.errors import GpuSliceError
 from gpuslice.model import Gpu
 from gpuslice.packing.state import Fit, PackRequest
@@ -200,23 +200,32 @@ def _holders(view: ClusterView, name: str) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-def _holder_list(view: ClusterView, holdings: Mapping[str, HeldSlices],
-                 held: list[tuple[str, str]]) -> tuple[Holder, ...]:
+def _claims(view: ClusterView, name: str, uids: Iterable[str]) -> dict[str, Claim]:
+    """The pods' claims on this node, for those that hold ids here (the view settled them when it
+    last counted the node, so their sources are what the counting rule used)."""
+    out: dict[str, Claim] = {}
+    for uid in uids:
+        claim = view.claim(uid)
+        if claim is not None and claim.node == name:
+            out[uid] = claim
+    return out
+
+
+def _holder_list(view: ClusterView, claims: Mapping[str, Claim], held: list[tuple[str, str]]) -> tuple[Holder, ...]:
     by_uid: dict[str, list[str]] = {}
     for sid, uid in held:
         by_uid.setdefault(uid, []).append(sid)
     out = []
     for uid, sids in sorted(by_uid.items(), key=lambda t: (min(t[1]), t[0])):
-        h = holdings.get(uid)
+        c = claims.get(uid)
         info = view.pod(uid)
-        label = h.pod if h is not None else info.label if info is not None else uid
-        source = h.source if h is not None else "reserved"
-        out.append(Holder(label, uid, len(sids), source, tuple(sorted(sids))))
+        label = c.pod if c is not None else info.label if info is not None else uid
+        out.append(Holder(label, uid, len(sids), c.source if c is not None else "reserved", tuple(sorted(sids))))
     return tuple(out)
 
 
 def _units(view: ClusterView, name: str, gpu: Gpu, usable_by: NDArray[np.bool_],
-           held: dict[str, list[tuple[str, str]]], holdings: Mapping[str, HeldSlices]) -> tuple[UnitStatus, ...]:
+           held: dict[str, list[tuple[str, str]]], claims: Mapping[str, Claim]) -> tuple[UnitStatus, ...]:
     st = view.state
     keys = view.nodes[name].keys
     parts = ([(i.uuid, i.profile, i.start, i.compute_slices, i.memory_mib) for i in gpu.instances]
@@ -228,16 +237,17 @@ def _units(view: ClusterView, name: str, gpu: Gpu, usable_by: NDArray[np.bool_],
         ok = row is not None and bool(st.unit_usable[row])
         stranded = free if ok and free and not usable_by[row] else 0
         out.append(UnitStatus(uuid, profile, start, slices, memory, free, stranded,
-                              _holder_list(view, holdings, held.get(uuid, []))))
+                              _holder_list(view, claims, held.get(uuid, []))))
     return tuple(out)
 
 
-def _disagreements(name: str, holdings: Mapping[str, HeldSlices]) -> list[Disagreement]:
+def _disagreements(name: str, claims: Mapping[str, Claim]) -> list[Disagreement]:
     out = []
-    for uid, h in holdings.items():
-        if h.drift and h.assignment is not None and h.allocated is not None:
-            out.append(Disagreement(h.pod, uid, name, tuple(sorted(h.assignment.slice_ids)),
-                                    tuple(sorted(h.allocated.slice_ids))))
+    for uid, c in sorted(claims.items()):
+        if c.assignment is not None and c.allocated is not None and \
+                frozenset(c.assignment.slice_ids) != frozenset(c.allocated.slice_ids):
+            out.append(Disagreement(c.pod, uid, name, tuple(sorted(c.assignment.slice_ids)),
+                                    tuple(sorted(c.allocated.slice_ids))))
     return out
 
 
@@ -282,9 +292,9 @@ def build_status(view: ClusterView, sched: Scheduler, now: float, *,
         gpus: list[GpuStatus] = []
         if inv is not None and n.row >= 0:
             held = _holders(view, name)
-            holdings = view.holdings(name).held  # the counting rule, settled once per node
+            claims = _claims(view, name, set(n.held.values()))
             for gpu in sorted(inv.gpus, key=lambda g: g.index):
-                units = _units(view, name, gpu, usable_by, held, holdings)
+                units = _units(view, name, gpu, usable_by, held, claims)
                 if gpu.mode == "mig" and gpu.schedulable and not any(u.holders for u in units):
                     idle_mig.append((name, n.row, gpu))
                 g = GpuStatus(gpu.uuid, gpu.index, gpu.product, gpu.mode, gpu.slices, gpu.memory_mib, gpu.healthy,
@@ -298,7 +308,7 @@ def build_status(view: ClusterView, sched: Scheduler, now: float, *,
                     totals["stranded"] += sum(u.stranded for u in units) if shapes else 0
                 else:
                     totals["unavailable"] += sum(u.free for u in units)
-            disagreements += _disagreements(name, holdings)
+            disagreements += _disagreements(name, claims)
         nodes.append(NodeStatus(name, n.info.spec.product, n.info.error, tuple(gpus)))
     cap = replace(cap, **{k: int(v) for k, v in totals.items()})
     pending_info.sort(key=lambda t: (-t[0].priority, t[0].created, t[0].label))
