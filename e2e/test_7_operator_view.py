@@ -57,6 +57,13 @@ def status(system: System) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
+def wait_unschedulable(system: System, name: str) -> None:
+    """Until kube-scheduler has tried the pod and marked it Unschedulable."""
+    wait(f"{name} refused by the scheduler", lambda: any(
+        c.get("reason") == "Unschedulable" for c in (system.kube.pod(name) or {}).get("status", {}).get(
+            "conditions") or []), 60)
+
+
 def held_by_status(data: dict[str, Any]) -> dict[str, dict[tuple[str, str], tuple[str, ...]]]:
     out: dict[str, dict[tuple[str, str], list[str]]] = {}
     for node in data["nodes"]:
@@ -74,9 +81,7 @@ def test_status_agrees_with_kubelet_and_the_slice_map_shows_it(system: System, r
     placed = wait_placed(system, [n for n, *_ in BATCH])
     # One pod that cannot land anywhere: 5 slices of MIG isolation (no 5g profile on an H100).
     create_all(system, [slice_pod("v-pending", 5, isolation="mig")])
-    wait("v-pending refused by the scheduler", lambda: any(
-        c.get("reason") == "Unschedulable" for c in (system.kube.pod("v-pending") or {}).get("status", {}).get(
-            "conditions") or []), 60)
+    wait_unschedulable(system, "v-pending")
 
     data = status(system)
     ours = held_by_status(data)
@@ -140,9 +145,7 @@ def test_a_suggested_eviction_applied_lets_the_pending_pod_land(system: System, 
     placed = wait_placed(system, [p["metadata"]["name"] for p in low])
     # gpu-slice-serving never preempts: kube-scheduler leaves the pod Pending; status says what to do.
     create_all(system, [slice_pod("e-urgent", 3, isolation="mps", priority_class="gpu-slice-serving")])
-    wait("e-urgent refused by the scheduler", lambda: any(
-        c.get("reason") == "Unschedulable" for c in (system.kube.pod("e-urgent") or {}).get("status", {}).get(
-            "conditions") or []), 60)
+    wait_unschedulable(system, "e-urgent")
     data = status(system)
     (pending,) = [p for p in data["pending"] if p["pod"] == f"{TEST_NS}/e-urgent"]
     assert pending["priority"] == 1000 and "slices in use" in pending["reason"]

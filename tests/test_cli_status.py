@@ -32,6 +32,17 @@ def dump(tmp_path: Path, items: list[dict[str, Any]]) -> Path:
     return path
 
 
+def write_kubeconfig(tmp_path: Path, server: str) -> Path:
+    """A kubeconfig for the fake API server (plain HTTP, no credentials)."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": server}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
+        "users": [{"name": "u", "user": {}}]}))
+    return path
+
+
 def test_table_is_printed_as_kubectl_prints() -> None:
     out = table(["name", "slices"], [["a", 7], ["longer-name", ""]])
     assert out.splitlines() == ["NAME          SLICES", "a             7", "longer-name   <none>"]
@@ -79,12 +90,7 @@ def test_live_status_reads_nodes_and_pods_through_the_kubernetes_client(
             fake_api.store.put_node(body)
         else:
             fake_api.store.put_pod(body)
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": fake_api.url}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
-        "users": [{"name": "u", "user": {}}]}))
+    kubeconfig = write_kubeconfig(tmp_path, fake_api.url)
     assert cli.main(["status", "--kubeconfig", str(kubeconfig), "-o", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [p["pod"] for p in data["pending"]] == ["ns/pod-big"]
@@ -111,12 +117,7 @@ def test_without_flags_it_uses_the_kubeconfig_kubectl_would(
         fake_api: FakeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str],  # noqa: F811
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-        "clusters": [{"name": "fake", "cluster": {"server": fake_api.url}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u"}}],
-        "users": [{"name": "u", "user": {}}]}))
+    kubeconfig = write_kubeconfig(tmp_path, fake_api.url)
     # The client reads $KUBECONFIG (else ~/.kube/config) once, when it is first imported.
     monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
     assert cli.main(["status", "-o", "json"]) == 0
