@@ -110,6 +110,7 @@
       const tip = svg("title");
       if (b.holder) {
         g.dataset.pod = b.holder.pod;
+        g.dataset.source = b.holder.source;
         tip.textContent = b.holder.pod + " · " + b.holder.slices + " slice(s)" +
           (b.holder.source === "reserved" ? " (reserved)" : "") + (b.unit && b.unit.profile ? " · " + b.unit.profile : "");
         legend.set(colourBy === "namespace" ? b.holder.pod.split("/")[0] : b.holder.pod, colour(b.holder));
