@@ -38,6 +38,9 @@ MAX_SUGGESTIONS = 20
 EVICTION_NODES = 20
 #: One status serves every viewer for this long: open pages never add up to more than one build.
 CACHE_S = 5.0
+#: ... and at least this many times as long as the last build took, so the map holds the extender's
+#: lock for at most a tenth of the time however large the cluster (a 2 s build: one per 20 s).
+DUTY = 10.0
 
 _STATIC = {"slicemap.js": "text/javascript", "slicemap.css": "text/css"}
 _HEADERS = {
@@ -72,17 +75,19 @@ def routes(ext: Extender, gate: AuthGate, *, max_suggestions: int | None = MAX_S
     """The slice map's routes, to mount on the ops port's app."""
     page = _asset("slicemap.html")
     assets = {name: _asset(name) for name in _STATIC}
-    kept: dict[str, tuple[float, bytes]] = {}
+    kept: dict[str, tuple[float, float, bytes]] = {}  # "status" -> (built at, fresh for, body)
     building = threading.Lock()
 
     def body() -> bytes:
         """The cached status while fresh, else one new build (concurrent viewers wait for it)."""
         with building:
             hit = kept.get("status")
-            if hit is not None and clock() - hit[0] < cache_s:
-                return hit[1]
+            if hit is not None and clock() - hit[0] < hit[1]:
+                return hit[2]
+            started = clock()
             data = json.dumps(status(ext, max_suggestions), separators=(",", ":")).encode()
-            kept["status"] = (clock(), data)
+            took = clock() - started
+            kept["status"] = (started, max(cache_s, DUTY * took), data)
             return data
 
     async def index(_: Request) -> Response:

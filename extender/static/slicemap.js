@@ -50,13 +50,13 @@
     for (const n of data.nodes) for (const g of n.gpus) for (const u of g.units) for (const h of u.holders) {
       keys.add(keyOf(h));
     }
-    palette = new Map([...keys].sort().map((k, i) => [k, Math.round((i * 137.508) % 360)]));
+    palette = new Map([...keys].sort().map((k, i) => [k, [Math.round((i * 137.508) % 360), i % 2 ? 50 : 66]]));
   }
 
   function colour(holder) {
     const key = keyOf(holder);
-    const h = palette.has(key) ? palette.get(key) : hue(key);
-    return "hsl(" + h + ", 62%, " + (holder.source === "reserved" ? "80%" : "60%") + ")";
+    const [h, light] = palette.has(key) ? palette.get(key) : [hue(key), 60];
+    return "hsl(" + h + ", 62%, " + (holder.source === "reserved" ? 85 : light) + "%)";
   }
 
   function shortName(pod) {

@@ -111,3 +111,22 @@ def test_one_status_serves_every_viewer_while_it_is_fresh() -> None:
     assert [c.get("/slicemap/api/status").json()["n"] for _ in range(3)] == [1, 1, 1]
     now[0] += 5.0
     assert c.get("/slicemap/api/status").json()["n"] == 2 and built == [100.0, 105.0]
+
+
+def test_a_slow_build_is_kept_ten_times_as_long() -> None:
+    """The map holds the extender's lock at most a tenth of the time: a 2 s build serves 20 s."""
+    now = [100.0]
+    built: list[float] = []
+
+    def status(ext: Extender, limit: int | None) -> dict[str, Any]:
+        built.append(now[0])
+        now[0] += 2.0  # the build takes 2 s
+        return {"n": len(built)}
+
+    c = Client(Starlette(routes=routes(extender(), AuthGate("loopback"), status=status, cache_s=5.0,
+                                       clock=lambda: now[0])))
+    assert c.get("/slicemap/api/status").json()["n"] == 1
+    now[0] += 17.9
+    assert c.get("/slicemap/api/status").json()["n"] == 1
+    now[0] += 0.2
+    assert c.get("/slicemap/api/status").json()["n"] == 2
