@@ -428,13 +428,14 @@ class Scheduler:
             out[known] = self.prioritize_request(req, found[known], now)
         return list(zip(node_names, out.tolist(), strict=True))
 
-    def bind_check(self, pod: Mapping[str, Any], node: str, now: float, *, lease_held: bool = True,
+    def bind_check(self, pod: Mapping[str, Any] | PodInfo, node: str, now: float, *, lease_held: bool = True,
                    lease: str = "") -> BindPlan:
         """The assignment ``/bind`` should write for ``pod`` on ``node``, or why not.
 
-        ``pod`` is the pod as re-read from the API server. Refuses when this scheduler does not hold
-        its Lease (fencing), when the node is unknown or has no fitting free placement, and under the
-        same-size rule (DESIGN 3)."""
+        ``pod`` is the view's own projection of the pod (the watched view decides), or the pod as read
+        from the API server when the view does not hold it (it is upserted first). Refuses when this
+        scheduler does not hold its Lease (fencing), when the node is unknown or has no fitting free
+        placement, and under the same-size rule (DESIGN 3)."""
         view = self._view()
         if not lease_held:
             return BindPlan(refusal=f"this scheduler does not hold its lease{' ' + lease if lease else ''}; "
@@ -445,7 +446,8 @@ class Scheduler:
             return BindPlan(refusal=str(err))
         if req is None or info.request is None:
             return BindPlan(refusal=f"pod {info.label} asks no slices; gpu-slice does not bind it")
-        view.upsert_pod(pod, now)
+        if view.pod(info.uid) is not pod:
+            view.upsert_pod(pod, now)
         claim = view.claim(info.uid)
         if claim is not None and claim.assignment is not None:
             if claim.assignment.node == node:
