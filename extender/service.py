@@ -9,6 +9,7 @@ form; nothing here decides fit, reasons or scores. A lock serialises decisions w
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import re
@@ -176,10 +177,10 @@ class Extender:
         if len(self._learned) > MAX_LEARNED:
             self._learned.popitem(last=False)
 
-    def _learn(self, pod: Mapping[str, Any]) -> None:
+    def _learn(self, pod: Mapping[str, Any] | PodInfo) -> None:
         """A pod's first filter: the learning policies observe it once before it is scored, as the
         simulator observes each arriving pod (kube-scheduler filters a pod again on every retry)."""
-        uid = (pod.get("metadata") or {}).get("uid")
+        uid = pod.uid if isinstance(pod, PodInfo) else (pod.get("metadata") or {}).get("uid")
         if not isinstance(uid, str) or not uid or uid in self._learned:
             return
         try:
@@ -252,9 +253,14 @@ class Extender:
             return wire.filter_error(args, "gpu-slice extender has not synced with the API server yet")
         if isinstance(self.binder, MemoryBinder):
             self.binder.learn(args.pod)
+        # The pod is projected once, outside the lock, for both the learning policies and the filter;
+        # one that cannot be projected goes to the filter as it came, which answers why.
+        pod: Mapping[str, Any] | PodInfo = args.pod
+        with contextlib.suppress(GpuSliceError):
+            pod = self.view.project(args.pod)
         with self.lock:
-            self._learn(args.pod)
-            res = self.sched.filter(args.pod, args.candidates, self.clock())
+            self._learn(pod)
+            res = self.sched.filter(pod, args.candidates, self.clock())
         nominated = pods.nominated_node(args.pod)
         if nominated and nominated in res.failed:
             # The pod preempted on that node and kube-scheduler tries it there first. Victims the
@@ -266,7 +272,7 @@ class Extender:
                 log.warning("filter %s: cannot read the pods of its nominated node: %s", pods.pod_label(args.pod), err)
             else:
                 with self.lock:
-                    res = self.sched.filter(args.pod, args.candidates, self.clock())
+                    res = self.sched.filter(pod, args.candidates, self.clock())
         with self.lock:
             self.metrics.set_reservations(len(self.view.reservations))
         if res.error:

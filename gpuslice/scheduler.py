@@ -32,7 +32,7 @@ from numpy.typing import NDArray
 
 from gpuslice.annotations import Assignment
 from gpuslice.config import Config, default_config
-from gpuslice.counting import bind_conflicts
+from gpuslice.counting import bind_conflicts, unstamped_same_size
 from gpuslice.decision import NarrowConfig, NodeBest, best_per_node, narrowed_filter, node_key, priority_scores
 from gpuslice.errors import GpuSliceError, RequestError
 from gpuslice.packing.state import Candidates, ClusterState, Fit, PackRequest, enumerate_candidates
@@ -389,7 +389,7 @@ class Scheduler:
                 unresolvable[name] = err or f"node {name} has no slices"
         return found[found >= 0], failed, unresolvable
 
-    def filter(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float) -> FilterResult:
+    def filter(self, pod: Mapping[str, Any] | PodInfo, node_names: Sequence[str], now: float) -> FilterResult:
         """The extender's ``/filter`` for one pod over kube-scheduler's candidate nodes."""
         try:
             _, req = self.request_of(pod)
@@ -480,9 +480,9 @@ class Scheduler:
             placement = self._placement(node, r.slice_ids)
             scores = {self.policy.name: float(ranked.score[i])}
         assert placement is not None
-        inventory = view.inventory(node)
         holdings = view.holdings(node)
-        if holdings.held:
+        if unstamped_same_size(holdings, info.request.slices, exclude_uid=info.uid):
+            inventory = view.inventory(node)  # built only when the same-size rule has a pod to weigh
             requests: dict[str, SliceRequest] = {}
             for uid in holdings.held:
                 p = view.pod(uid)
@@ -503,7 +503,7 @@ class Scheduler:
     def _placement(self, node: str, slice_ids: Sequence[str]) -> Placement | None:
         """The placement those ids form on the node (None when they form none)."""
         view = self._view()
-        inv = view.inventory(node)
+        inv = view.layout(node)
         try:
             gpus = []
             for sid in slice_ids:
