@@ -510,9 +510,15 @@ class Replica:
 
 
 class System:
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, *, topologies: dict[str, dict[str, Any]] | None = None,
+                 controller_flags: Iterable[str] = ()) -> None:
+        """``topologies``: node name -> simulated topology (default :data:`TOPOLOGIES`; every node must
+        advertise :data:`SLICES_PER_NODE` slices); ``controller_flags``: extra kube-controller-manager
+        flags (a load run raises its API rate limits)."""
         # Unix socket paths are limited to 107 bytes: the plugin's socket lies under work/nodes/NAME/.
         self.work = work
+        self.topologies = dict(topologies if topologies is not None else TOPOLOGIES)
+        self.controller_flags = list(controller_flags)
         probe = work / "nodes" / "gpu-mig" / "device-plugins" / "gpu-slice-device-plugin-00000.sock"
         assert len(str(probe)) < 100, f"{work} is too long a path for the nodes' unix sockets"
         self.admin = self.work / "kubeconfig"
@@ -536,8 +542,9 @@ class System:
         cluster("up", str(self.work))
         self.kube = Kube(self.admin)
         self._apply_manifests()
-        cluster("controller-manager", str(self.work))
-        for name, topo in TOPOLOGIES.items():
+        extra = ["--", *self.controller_flags] if self.controller_flags else []
+        cluster("controller-manager", str(self.work), *extra)
+        for name, topo in self.topologies.items():
             self._start_node(name, topo)
         for node in self.nodes.values():
             self._wait_node_ready(node)
