@@ -89,7 +89,7 @@ class LoadSpec:
 FULL_SERVERS = (
     Server("chat-1s", 1, 30), Server("chat-2s", 2, 20), Server("code-3s", 3, 12),
     Server("embed-1s-mig", 1, 10, isolation="mig"), Server("rag-1s-mps", 1, 16, isolation="mps"),
-    Server("summ-2s-mps", 2, 10, isolation="mps"), Server("tool-1s-20g", 1, 10, memory="10Gi"),
+    Server("summ-2s-mps", 2, 10, isolation="mps"), Server("tool-1s-10g", 1, 10, memory="10Gi"),
     Server("big-7s", 7, 4), Server("guard-1s", 1, 16), Server("rank-2s", 2, 10),
 )
 #: CI's short run on the session's three nodes (six GPUs: one pod of a Deployment per GPU).
