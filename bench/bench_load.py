@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from e2e.harness import System, skip_reason  # noqa: E402
-from e2e.load.scenario import FULL_SERVERS, Load, LoadSpec  # noqa: E402
+from e2e.load.scenario import FULL_SERVERS, Load, LoadSpec, scaled  # noqa: E402
 
 #: Four layouts of two GPUs (14 slices each, as the harness expects), cycled over the nodes.
 LAYOUTS: tuple[list[dict[str, Any]], ...] = (
@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         system.start()
         print(f"started in {time.monotonic() - t0:.0f} s: {len(system.nodes)} nodes, {len(system.replicas)} "
               f"replicas (fencing {'on' if system.fencing else 'off'}); load {os.getloadavg()}", flush=True)
-        spec = LoadSpec(duration_s=60.0 * args.minutes, servers=FULL_SERVERS, faults=not args.no_faults)
+        spec = LoadSpec(duration_s=60.0 * args.minutes, servers=scaled(FULL_SERVERS, args.nodes),
+                        faults=not args.no_faults)
         res = Load(system, spec).run()
         summary = res.summary()
         print(json.dumps(summary, indent=1), flush=True)

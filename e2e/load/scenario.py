@@ -73,11 +73,11 @@ class LoadSpec:
     servers: tuple[Server, ...] = ()
     night: float = 0.25  # the curve's floor, as a fraction of each Deployment's peak
     burst_chance: float = 0.15  # per tick: one Deployment's demand doubled for this tick
-    rollout_every_s: float = 12.0
-    job_every_s: float = 10.0
-    job_completions: int = 12
-    job_parallelism: int = 6
-    job_run_s: tuple[float, float] = (3.0, 8.0)
+    rollout_every_s: float = 5.0
+    job_every_s: float = 6.0
+    job_completions: int = 20
+    job_parallelism: int = 8
+    job_run_s: tuple[float, float] = (2.0, 6.0)
     preemptions: int = 2
     faults: bool = True
     pending_limit_s: float = 30.0
@@ -92,6 +92,12 @@ FULL_SERVERS = (
     Server("summ-2s-mps", 2, 10, isolation="mps"), Server("tool-1s-10g", 1, 10, memory="10Gi"),
     Server("big-7s", 7, 4), Server("guard-1s", 1, 16), Server("rank-2s", 2, 10),
 )
+def scaled(servers: tuple[Server, ...], nodes: int, full_nodes: int = 20) -> tuple[Server, ...]:
+    """``servers`` (sized for ``full_nodes``) for a cluster of ``nodes`` of the same layouts."""
+    return tuple(Server(s.name, s.slices, max(1, round(s.most * nodes / full_nodes)), s.isolation, s.memory)
+                 for s in servers)
+
+
 #: CI's short run on the session's three nodes (six GPUs: one pod of a Deployment per GPU).
 SHORT_SERVERS = (
     Server("chat-1s", 1, 5), Server("chat-2s", 2, 3), Server("embed-1s-mig", 1, 2, isolation="mig"),
