@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=5.5, help="length of the day (default 5.5)")
     parser.add_argument("--no-faults", action="store_true")
     parser.add_argument("--json", help="write the figures (and the run's problems) to this file")
+    parser.add_argument("--keep-logs", metavar="DIR", help="copy every process's log here before stopping")
     args = parser.parse_args(argv)
     reason = skip_reason()
     if reason:
@@ -98,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).write_text(json.dumps({**summary, "stuck": res.stuck, "admission": res.admission_failures,
                                                    "problems": res.problems, "errors": res.errors}, indent=1))
     finally:
+        if args.keep_logs:
+            keep = Path(args.keep_logs)
+            keep.mkdir(parents=True, exist_ok=True)
+            for log in [*work.glob("*.log"), *work.glob("logs/*.log")]:
+                shutil.copy(log, keep / log.name)
         system.close()
         shutil.rmtree(work, ignore_errors=True)
     return 0

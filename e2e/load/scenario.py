@@ -532,13 +532,27 @@ class Load:
                 res = sched.filter(pod, names, time.time())
                 if res.feasible:
                     first = fits_since.setdefault(uid, now)
-                    if now - first > limit:
+                    name = pod["metadata"]["name"]
+                    if now - first > limit and name not in self.result.stuck:
+                        why = f"Pending {now - self.result.pods[uid].seen:.0f} s; the extender's filter has passed " \
+                              f"{res.feasible[0]} for {now - first:.0f} s; {self._scheduler_says(pod)}"
                         with self.lock:
-                            self.result.stuck.setdefault(
-                                pod["metadata"]["name"], f"Pending {now - self.result.pods[uid].seen:.0f} s; the "
-                                f"extender's filter has passed {res.feasible[0]} for {now - first:.0f} s")
+                            self.result.stuck[name] = why
                 else:
                     fits_since.pop(uid, None)
+
+    def _scheduler_says(self, pod: dict[str, Any]) -> str:
+        """What kube-scheduler last said about the pod: its PodScheduled condition and latest event."""
+        cond = next((c for c in pod["status"].get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+        said = f"PodScheduled {cond.get('status')} {cond.get('reason')}: {str(cond.get('message'))[:200]}"
+        name = pod["metadata"]["name"]
+        with contextlib.suppress(Exception):
+            events = [e for e in self.system.kube.events(TEST_NS)
+                      if (e.get("involvedObject") or {}).get("name") == name]
+            if events:
+                last = max(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+                said += f"; last event {last.get('reason')} x{last.get('count')}: {str(last.get('message'))[:300]}"
+        return said
 
     # ----- the end
 
@@ -553,6 +567,10 @@ class Load:
         with contextlib.suppress(AssertionError):  # the audit says what is left
             wait("the Jobs' pods gone", lambda: not [p for p in kube.pods() if (p["metadata"].get("labels") or {})
                                                      .get("job-name")], 90, interval=1.0)
+        # kubelet frees a deleted pod's devices when it has seen the deletion: give every kubelet time to
+        # catch up before counting ids it still gives to pods that are gone.
+        with contextlib.suppress(AssertionError):
+            wait("every kubelet to let the deleted pods go", lambda: self.system.audit().leaked == 0, 90, interval=3.0)
         counts = self.system.settle_and_audit(timeout=120)
         self.result.counts = counts_dict(counts)
         self.result.problems = list(counts.problems)
