@@ -209,6 +209,8 @@ class LoadResult:
             cpu.setdefault((s["replica"], s["pid"]), []).append(s["cpu_s"])
         used = sum(v[-1] - v[0] for v in cpu.values())
         out["extender_cpu_s"] = round(used, 2)
+        out["extender_cpu_s_by_process"] = {f"extender-{r} pid {pid}": round(v[-1] - v[0], 2)
+                                            for (r, pid), v in sorted(cpu.items())}
         out["extender_cpu_ms_per_pod"] = round(1000 * used / max(1, len(bound)), 2)
         out["rss"] = self.rss_report()
         out["load_avg"] = [round(s["load"], 2) for s in self.samples[:: max(1, len(self.samples) // 12)]]
