@@ -30,9 +30,10 @@ log = logging.getLogger("gpu_slice.extender")
 
 JSON = "application/json"
 DEFAULT_MAX_BODY = 16 * 1024 * 1024  # a NodeList of 5,000 nodes is a few MB
-#: Threads for /bind's API call (kube-scheduler binds in parallel goroutines; each bind waits on the
-#: API server, not the CPU). The API client's pool keeps as many connections (cli.API_POOL_SIZE).
-BIND_WORKERS = 40
+#: Threads for /bind's API call (kube-scheduler binds in parallel goroutines; each bind is one write that
+#: waits on the API server, not the CPU): 16 carry 100s of binds a second at tens of ms each, and every
+#: thread and pooled TLS connection beyond what is used at once is resident memory for nothing.
+BIND_WORKERS = 16
 
 
 class BodyTooLarge(Exception):
