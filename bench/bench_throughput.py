@@ -27,7 +27,6 @@ nothing. Run from the repository: ``.venv/bin/python bench/bench_throughput.py``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -35,7 +34,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -46,16 +44,14 @@ sys.path.insert(0, str(REPO))
 
 from bench.bench_extender import (  # noqa: E402
     SHIPPED_CONFIG,
-    SIZES,
+    batch,
     cluster,
-    cpu_seconds,
     drain,
     free_port,
     http_status,
-    pct,
+    make_nodes,
     print_spy,
     say,
-    slice_pod,
     stop_process,
     wait_for,
 )
@@ -64,76 +60,6 @@ from tests.k8s_launcher import CLUSTER  # noqa: E402
 HOSTNAME = "gpu-slice-tp-0"
 RATIO_BAR = 0.90
 CPU_BAR_MS = 4.0
-
-
-class Watch:
-    """When each pod of a namespace is first seen with ``spec.nodeName`` (a raw watch from a known version)."""
-
-    def __init__(self, core: Any, namespace: str) -> None:
-        self.core, self.namespace = core, namespace
-        self.bound: dict[str, float] = {}
-        self.stop = threading.Event()
-        self.started = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        self.started.wait(10)
-
-    def _run(self) -> None:
-        rv = ""
-        while not self.stop.is_set():
-            try:
-                if not rv:
-                    rv = drain(self.core.list_namespaced_pod(self.namespace, _preload_content=False))["metadata"][
-                        "resourceVersion"]
-                resp = self.core.list_namespaced_pod(self.namespace, watch=True, resource_version=rv,
-                                                     timeout_seconds=60, allow_watch_bookmarks=True,
-                                                     _preload_content=False, _request_timeout=(5, 90))
-                self.started.set()
-                buf = b""
-                for chunk in resp.stream(65536):
-                    now = time.perf_counter()
-                    buf += chunk
-                    *lines, buf = buf.split(b"\n")
-                    for line in lines:
-                        if not line.strip():
-                            continue
-                        event = json.loads(line)
-                        obj = event.get("object") or {}
-                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                        name = (obj.get("metadata") or {}).get("name")
-                        if name and (obj.get("spec") or {}).get("nodeName") and name not in self.bound:
-                            self.bound[name] = now
-                    if self.stop.is_set():
-                        break
-                resp.release_conn()
-            except Exception:
-                if self.stop.is_set():
-                    return
-                time.sleep(0.2)
-
-
-def make_nodes(core: Any, count: int) -> None:
-    from gpuslice.fakecluster import FakeClusterSpec, generate
-
-    nodes = [i for i in generate(FakeClusterSpec(nodes=count, gpus_per_node=8, seed=3)).document["items"]
-             if i["kind"] == "Node"]
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-    def make(part: list[dict[str, Any]]) -> None:
-        for node in part:
-            meta = node["metadata"]
-            drain(core.create_node({"apiVersion": "v1", "kind": "Node", "spec": node["spec"],
-                                    "metadata": {k: meta[k] for k in ("name", "labels", "annotations")}},
-                                   _preload_content=False))
-            status = {k: node["status"][k] for k in ("capacity", "allocatable")}
-            status["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                     "lastHeartbeatTime": now, "lastTransitionTime": now}]
-            drain(core.patch_node_status(meta["name"], {"status": status}, _preload_content=False))
-    workers = [threading.Thread(target=make, args=(nodes[i::8],)) for i in range(8)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
 
 
 class Run:
@@ -192,7 +118,6 @@ class Run:
                 continue
         if self.extender is not None:
             out["extender"] = self.extender.pid
-        out["bench"] = os.getpid()
         return out
 
     def stop(self) -> None:
@@ -200,41 +125,6 @@ class Run:
         stop_process(self.extender)
         if self.log is not None:
             self.log.close()
-
-
-def batch(core: Any, namespace: str, count: int, threads: int, pids: dict[str, int],
-          timeout: float = 300) -> dict[str, Any]:
-    drain(core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
-                                _preload_content=False))
-    watch = Watch(core, namespace)
-    names = [f"p-{i:04d}" for i in range(count)]
-    created: dict[str, float] = {}
-    lock = threading.Lock()
-
-    def create(part: list[str]) -> None:
-        for name in part:
-            drain(core.create_namespaced_pod(namespace, slice_pod(name, SIZES[int(name[2:]) % len(SIZES)]),
-                                             _preload_content=False))
-            with lock:
-                created[name] = time.perf_counter()
-
-    cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
-    load0 = os.getloadavg()[0]
-    start = time.perf_counter()
-    workers = [threading.Thread(target=create, args=(names[i::threads],)) for i in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    try:
-        wait_for(f"{count} pods bound in {namespace}", lambda: len(watch.bound) >= count, timeout, 0.05)
-    finally:
-        watch.stop.set()
-    used = {k: cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
-    last = max(watch.bound.values())
-    lat = [1000 * max(0.0, watch.bound[n] - created[n]) for n in names]
-    return {"pods": count, "rate": count / (last - start), "total_s": last - start, "cpu_s": used,
-            "bind_ms_p50": statistics.median(lat), "bind_ms_p99": pct(lat, 99), "load": (load0, os.getloadavg()[0])}
 
 
 def delete_all(core: Any, namespace: str) -> None:
@@ -245,7 +135,8 @@ def delete_all(core: Any, namespace: str) -> None:
 
 def describe(res: dict[str, Any], with_extender: bool) -> str:
     cpu = res["cpu_s"]
-    parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
+    parts = ", ".join(f"{'bench' if k == 'this benchmark' else k} {v:.2f}"
+                      for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
     ext = f"; extender {1000 * cpu['extender'] / res['pods']:.2f} ms CPU per pod" if with_extender else ""
     return (f"{res['rate']:6.1f} pods/s ({res['total_s']:.2f} s), create->bind p50 {res['bind_ms_p50']:.0f} ms "
             f"p99 {res['bind_ms_p99']:.0f} ms; CPU s: {parts}{ext}; load {res['load'][0]:.2f} -> {res['load'][1]:.2f}")
@@ -301,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                                                     "250", "--gil", "--format", "raw", "--output", str(spy_out)],
                                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                             time.sleep(1.0)
-                        res = batch(core, f"tp-{index}", args.pods, threads, run.pids())
+                        res = batch(core, f"tp-{index}", args.pods, threads, cpu=run.pids())
                         if with_extender and run.port:
                             body = urllib.request.urlopen(f"http://127.0.0.1:{run.port}/metrics", timeout=5).read()
                             res["calls"] = {ln.split(" ")[0][len("gpu_slice_extender_requests_total"):]: float(
