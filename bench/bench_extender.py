@@ -562,37 +562,13 @@ class BoundWatch:
         self.started.wait(10)
 
     def _run(self) -> None:
-        rv = ""
-        while not self.stop.is_set():
-            try:
-                if not rv:
-                    rv = drain(self.core.list_namespaced_pod(self.namespace, _preload_content=False))["metadata"][
-                        "resourceVersion"]
-                resp = self.core.list_namespaced_pod(self.namespace, watch=True, resource_version=rv,
-                                                     timeout_seconds=60, allow_watch_bookmarks=True,
-                                                     _preload_content=False, _request_timeout=(5, 90))
-                self.started.set()
-                buf = b""
-                for chunk in resp.stream(65536):
-                    now = time.perf_counter()
-                    buf += chunk
-                    *lines, buf = buf.split(b"\n")
-                    for line in lines:
-                        if not line.strip():
-                            continue
-                        obj = json.loads(line).get("object") or {}
-                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                        name = (obj.get("metadata") or {}).get("name")
-                        if name and (obj.get("spec") or {}).get("nodeName") and name not in self.bound:
-                            self.bound[name] = now
-                    if self.stop.is_set():
-                        break
-                resp.release_conn()
-            except Exception:
-                if self.stop.is_set():
-                    return
-                rv = ""
-                time.sleep(0.2)
+        from e2e.harness import follow_pods
+
+        def seen(_kind: str, obj: dict[str, Any], now: float) -> None:
+            name = (obj.get("metadata") or {}).get("name")
+            if name and (obj.get("spec") or {}).get("nodeName") and name not in self.bound:
+                self.bound[name] = now
+        follow_pods(self.core, self.namespace, seen, self.stop, clock=time.perf_counter, started=self.started)
 
 
 def slice_pod(name: str, size: int) -> dict[str, Any]:

@@ -26,7 +26,6 @@ pod must run stamped and ``System.audit`` counts what DESIGN 8 says can go wrong
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import random
@@ -45,6 +44,7 @@ from e2e.harness import (
     Replica,
     System,
     counts_dict,
+    follow_pods,
     http,
     restart_node,
     wait,
@@ -409,42 +409,7 @@ class Load:
     # ----- watching
 
     def _watch(self) -> None:
-        rv = ""
-        while not self.stop.is_set():
-            try:
-                if not rv:
-                    listed = self.system.kube._json(self.core.list_namespaced_pod(TEST_NS, _preload_content=False))
-                    now = time.monotonic()
-                    for pod in listed["items"]:
-                        self._seen(pod, now, "ADDED")
-                    rv = listed["metadata"]["resourceVersion"]
-                resp = self.core.list_namespaced_pod(TEST_NS, watch=True, resource_version=rv, timeout_seconds=30,
-                                                     allow_watch_bookmarks=True, _preload_content=False,
-                                                     _request_timeout=(5, 60))
-                buf = b""
-                for chunk in resp.stream(65536):
-                    buf += chunk
-                    *lines, buf = buf.split(b"\n")
-                    now = time.monotonic()
-                    for line in lines:
-                        if not line.strip():
-                            continue
-                        event = json.loads(line)
-                        obj = event.get("object") or {}
-                        if event.get("type") == "ERROR":
-                            rv = ""  # 410: list again
-                            break
-                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                        if event.get("type") != "BOOKMARK":
-                            self._seen(obj, now, str(event.get("type")))
-                    if self.stop.is_set() or not rv:
-                        break
-                resp.release_conn()
-            except Exception:
-                if self.stop.is_set():
-                    return
-                rv = ""
-                time.sleep(0.5)
+        follow_pods(self.core, TEST_NS, lambda kind, pod, now: self._seen(pod, now, kind), self.stop)
 
     def _seen(self, pod: dict[str, Any], now: float, kind: str) -> None:
         meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
