@@ -256,8 +256,13 @@ class Extender:
         # The pod is projected once, outside the lock, for both the learning policies and the filter;
         # one that cannot be projected goes to the filter as it came, which answers why.
         pod: Mapping[str, Any] | PodInfo = args.pod
-        with contextlib.suppress(GpuSliceError):
-            pod = self.view.project(args.pod)
+        meta = args.pod.get("metadata") or {}
+        known = self.view.pod(str(meta.get("uid") or ""))
+        if known is not None and known.resource_version and known.resource_version == meta.get("resourceVersion"):
+            pod = known  # the watch already projected this very version of the pod
+        else:
+            with contextlib.suppress(GpuSliceError):
+                pod = self.view.project(args.pod)
         with self.lock:
             self._learn(pod)
             res = self.sched.filter(pod, args.candidates, self.clock())
