@@ -1,4 +1,4 @@
-"""Scenario 7: sustained load, short (issue 50). The full run is ``bench/bench_load.py`` (20 nodes, faults,
+"""Scenario 8: sustained load, short (issue 50). The full run is ``bench/bench_load.py`` (20 nodes, faults,
 at least five minutes and 2,000 pods; figures in ``e2e/RESULTS.md``); CI runs this one on the session's
 three nodes for about a minute: Deployments scaled to a compressed day with bursts, rollouts, Jobs whose
 pods complete and are replaced, and one preemption. Every pod the extender's own filter says fits must
