@@ -37,11 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from e2e.harness import (
-    ALLOCATED,
     RESOURCE,
     SCHEDULER_NAME,
     TEST_NS,
-    Replica,
     System,
     counts_dict,
     follow_pods,
@@ -542,16 +540,3 @@ class Load:
         self.result.counts = counts_dict(counts)
         self.result.problems = list(counts.problems)
 
-
-def wait_pods_gone(system: System, timeout: float = 180) -> None:
-    wait("the load scenario's pods gone", lambda: not [p for p in system.kube.pods()
-                                                       if (p["metadata"].get("labels") or {}).get(LOAD_LABEL)],
-         timeout, interval=1.0)
-
-
-def running_stamped(pod: dict[str, Any]) -> bool:
-    return pod["status"].get("phase") == "Running" and ALLOCATED in (pod["metadata"].get("annotations") or {})
-
-
-def leader_of(system: System) -> Replica | None:
-    return system.leader()
