@@ -32,7 +32,7 @@ from numpy.typing import NDArray
 
 from gpuslice.annotations import Assignment
 from gpuslice.config import Config, default_config
-from gpuslice.counting import bind_conflicts
+from gpuslice.counting import bind_conflicts, unstamped_same_size
 from gpuslice.decision import NarrowConfig, NodeBest, best_per_node, narrowed_filter, node_key, priority_scores
 from gpuslice.errors import GpuSliceError, RequestError
 from gpuslice.packing.state import Candidates, ClusterState, Fit, PackRequest, enumerate_candidates
@@ -398,7 +398,7 @@ class Scheduler:
                 unresolvable[name] = err or f"node {name} has no slices"
         return found[found >= 0], failed, unresolvable
 
-    def filter(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float) -> FilterResult:
+    def filter(self, pod: Mapping[str, Any] | PodInfo, node_names: Sequence[str], now: float) -> FilterResult:
         """The extender's ``/filter`` for one pod over kube-scheduler's candidate nodes."""
         try:
             _, req = self.request_of(pod)
@@ -437,13 +437,14 @@ class Scheduler:
             out[known] = self.prioritize_request(req, found[known], now)
         return list(zip(node_names, out.tolist(), strict=True))
 
-    def bind_check(self, pod: Mapping[str, Any], node: str, now: float, *, lease_held: bool = True,
+    def bind_check(self, pod: Mapping[str, Any] | PodInfo, node: str, now: float, *, lease_held: bool = True,
                    lease: str = "") -> BindPlan:
         """The assignment ``/bind`` should write for ``pod`` on ``node``, or why not.
 
-        ``pod`` is the pod as re-read from the API server. Refuses when this scheduler does not hold
-        its Lease (fencing), when the node is unknown or has no fitting free placement, and under the
-        same-size rule (DESIGN 3)."""
+        ``pod`` is the view's own projection of the pod (the watched view decides), or the pod as read
+        from the API server when the view does not hold it (it is upserted first). Refuses when this
+        scheduler does not hold its Lease (fencing), when the node is unknown or has no fitting free
+        placement, and under the same-size rule (DESIGN 3)."""
         view = self._view()
         if not lease_held:
             return BindPlan(refusal=f"this scheduler does not hold its lease{' ' + lease if lease else ''}; "
@@ -454,7 +455,8 @@ class Scheduler:
             return BindPlan(refusal=str(err))
         if req is None or info.request is None:
             return BindPlan(refusal=f"pod {info.label} asks no slices; gpu-slice does not bind it")
-        view.upsert_pod(pod, now)
+        if view.pod(info.uid) is not pod:
+            view.upsert_pod(pod, now)
         claim = view.claim(info.uid)
         if claim is not None and claim.assignment is not None:
             if claim.assignment.node == node:
@@ -488,9 +490,9 @@ class Scheduler:
             view.hold(r)
             placement = self._placement(node, r.slice_ids)
         assert placement is not None
-        inventory = view.inventory(node)
         holdings = view.holdings(node)
-        if holdings.held:
+        if unstamped_same_size(holdings, info.request.slices, exclude_uid=info.uid):
+            inventory = view.inventory(node)  # built only when the same-size rule has a pod to weigh
             requests: dict[str, SliceRequest] = {}
             for uid in holdings.held:
                 p = view.pod(uid)
@@ -511,7 +513,7 @@ class Scheduler:
     def _placement(self, node: str, slice_ids: Sequence[str]) -> Placement | None:
         """The placement those ids form on the node (None when they form none)."""
         view = self._view()
-        inv = view.inventory(node)
+        inv = view.layout(node)
         try:
             gpus = []
             for sid in slice_ids:
