@@ -32,7 +32,8 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from deviceplugin.assignments import AssignmentBook
-from deviceplugin.mps import LimitsMode, MpsLimits, MpsSupervisor, mps_limits
+from deviceplugin.mps import LimitsMode, MpsLimits, mps_limits
+from deviceplugin.mps_supervisor import MpsSupervisor
 from gpuslice import ids
 from gpuslice.errors import DeviceIdError
 from gpuslice.model import NodeInventory

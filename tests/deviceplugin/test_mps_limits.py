@@ -23,13 +23,13 @@ from deviceplugin.assignments import AssignmentBook, PodView
 from deviceplugin.mps import (
     MpsLimits,
     MpsOptions,
-    MpsSupervisor,
     mps_client_settings,
     mps_limits,
     pipe_dir,
     standin_command,
 )
 from deviceplugin.mps_limits import MpsLimitKeeper, held_groups, largest_shares, wanted_limits
+from deviceplugin.mps_supervisor import MpsSupervisor
 from deviceplugin.simulated import SimulatedBackend
 from gpuslice.model import Gpu, NodeInventory
 from tests.deviceplugin.test_app import MPS, TOPO, Env, until
