@@ -20,7 +20,8 @@ def test_cdi_names_the_mig_uuid_with_the_configured_vendor() -> None:
     placement = check_placement(INV, inst.slice_ids())
     resp = build_response(placement, INV, Injector(mode="cdi", cdi_vendor="nvidia.com"))
     assert [d.name for d in resp.cdi_devices] == [f"nvidia.com/gpu={inst.uuid}"]
-    assert "NVIDIA_VISIBLE_DEVICES" not in resp.envs
+    # An image's NVIDIA_VISIBLE_DEVICES=all must expose nothing beside the CDI device.
+    assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert not resp.mounts
     assert resp.envs["GPU_SLICE_COUNT"] == "2"
     assert resp.envs["GPU_SLICE_FRACTION"] == "0.285714"
@@ -82,8 +83,8 @@ def test_cdi_names_default_to_the_container_toolkits_and_a_spec_must_define_them
 
     import pytest
 
-    from deviceplugin.allocate import check_cdi_spec, find_cdi_spec
     from deviceplugin.app import DevicePluginApp
+    from deviceplugin.cdi import check_cdi_spec, find_cdi_spec
     from deviceplugin.errors import SettingsError
     from deviceplugin.settings import Settings
 
