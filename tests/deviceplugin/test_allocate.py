@@ -52,8 +52,9 @@ def test_mps_placement_gets_pipe_shm_and_limits() -> None:
     assert mounts[pipe] == f"/run/mps/{MPS.uuid}/pipe"
     assert mounts["/dev/shm"] == "/run/mps/shm"
     assert resp.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "42"
-    assert resp.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={MPS.memory_mib * 3 // 7}M"
-    assert resp.envs["GPU_SLICE_MEMORY_BYTES"] == str((MPS.memory_mib * 3 // 7) << 20)
+    share = (MPS.memory_mib - 512 - 7 * 256) * 3 // 7  # the MPS server and 7 client contexts kept out
+    assert resp.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={share}M"
+    assert resp.envs["GPU_SLICE_MEMORY_BYTES"] == str(share << 20)
     memory_only = build_response(placement, INV, Injector(mps_root=Path("/run/mps"), mps_memory_only=True))
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in memory_only.envs
 

@@ -40,7 +40,7 @@ def test_client_settings_limit_threads_and_memory_to_the_share() -> None:
     assert envs == {
         "CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR,
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "28",  # floor(100*2/7)
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=23302M",  # floor(81559*2/7)
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=22644M",  # floor((81559 - 512 - 7*256) * 2/7)
     }
     assert mounts == (Mount(CONTAINER_PIPE_DIR, f"/run/gpu-slice/mps/{GPU}/pipe"),
                       Mount("/dev/shm", "/run/gpu-slice/mps/shm"))
@@ -48,10 +48,11 @@ def test_client_settings_limit_threads_and_memory_to_the_share() -> None:
 
 def test_client_settings_memory_only_and_whole_share_and_milli_gpu() -> None:
     envs, _ = mps_client_settings(mps_gpu(), 7, "/r", "memory-only", shm_host_path="/dev/shm-mps")
-    assert envs == {"CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=81559M"}
+    assert envs == {"CUDA_MPS_PIPE_DIRECTORY": CONTAINER_PIPE_DIR, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=79255M"}
     envs, _ = mps_client_settings(mps_gpu(1000), 1, "/r")
     assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "1"  # never 0: that would starve the client
-    assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=81M"
+    # S = 1000: client contexts are kept for the 48 clients an MPS server takes at most
+    assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=68M"  # floor((81559 - 512 - 48*256) / 1000)
 
 
 @pytest.mark.parametrize(("gpu", "k", "mode", "message"), [
