@@ -567,7 +567,9 @@ class DevicePluginApp:
             return
         first = not self._health_synced
         self._health_synced = True
-        never_up = {u for u, seen in (supervisor.ever_up() if supervisor is not None else {}).items() if not seen}
+        # Not a failure: an MPS GPU whose daemon has never answered this process, for that reason alone.
+        never_up = set() if supervisor is None else {
+            u for u, seen in supervisor.ever_up().items() if not seen and now.get(u) == supervisor.reason(u)}
         new = set(now) - (set() if first else set(before))
         for owner in sorted(new - never_up - self._reported_unhealthy):
             self._reported_unhealthy.add(owner)
