@@ -456,6 +456,8 @@ class NvmlBackend:
                     self._fault(uuid, None, f"XID events could not be registered: {exc}")
         self.check_reset_needed()
         if self._mps is not None:
+            # Without a config file apply_targets never runs: the mps GPUs discovered now get their daemons.
+            self._mps.set_gpus(g.uuid for g in self.discover() if g.mode == "mps")
             self._mps.start(emit)
         self._stop.clear()
         self._thread = threading.Thread(target=self._watch, name="nvml-health", daemon=True)

@@ -530,3 +530,19 @@ def test_gpu_processes_list_mps_clients_and_other_compute_processes() -> None:
         GpuProcess(300, None, False))
     with pytest.raises(DiscoveryError, match="no GPU GPU-zzzz"):
         backend.gpu_processes("GPU-zzzz")
+
+
+def test_mps_gpus_are_marked_for_their_daemons_without_a_config_file(tmp_path: Path) -> None:
+    """apply_targets runs only with a config file; the mps GPUs found at start still get their daemons."""
+    from deviceplugin.mps import MpsOptions
+    from deviceplugin.mps_supervisor import MpsSupervisor
+
+    sup = MpsSupervisor(MpsOptions(root=tmp_path, control_command=("false",), tick_s=3600),
+                        owns_daemons=False, marks_wanted=True)
+    backend = NvmlBackend(FakeNvml([mig_gpu(), FakeGpu("GPU-bbbb", H100, 81559)]), mps=sup, event_timeout_ms=20)
+    backend.watch_health(lambda _e: None)
+    try:
+        assert sorted(p.parent.name for p in tmp_path.glob("*/wanted")) == ["GPU-bbbb"]
+        assert sup.status() == {"GPU-bbbb": False}
+    finally:
+        backend.close()
