@@ -53,7 +53,7 @@ def api() -> Iterator[Any]:
         run_cluster("up", str(work))
         admin = work / "kubeconfig"
         objs = [o for o in build("nvidia") if o["kind"] == "Namespace" or o["metadata"]["name"] in (
-            POLICY, "gpu-slice-mps")]
+            POLICY, "gpu-slice-mps-uid")]
         assert {o["kind"] for o in objs} == {"Namespace", "ConfigMap", "ValidatingAdmissionPolicy",
                                              "ValidatingAdmissionPolicyBinding"}, objs
         _kubectl(admin, "apply", "--server-side", "--validate=strict", "-f", "-", stdin=yaml.safe_dump_all(objs))
