@@ -114,7 +114,7 @@ PREFIX = f"admission webhook denied|ValidatingAdmissionPolicy '{POLICY}' with bi
     (pod(env={"NVIDIA_VISIBLE_DEVICES": "all"}),
      "may not set NVIDIA_VISIBLE_DEVICES itself (container(s) server): the device plugin hands the container its "
      "slice by CDI name and sets NVIDIA_VISIBLE_DEVICES=void"),
-    (pod(init_env={"CUDA_MPS_PIPE_DIRECTORY": "/tmp/elsewhere"}),
+    (pod(init_env={"CUDA_MPS_PIPE_DIRECTORY": "/var/run/elsewhere"}),
      "may not set CUDA_MPS_* variables itself (container(s) fetch-weights)"),
     (pod(env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}, isolation="mig"),
      "may not set CUDA_MPS_* variables itself (container(s) server)"),
