@@ -323,7 +323,8 @@ def test_admission_policy_names_the_service_accounts_the_pods_run_as() -> None:
     assert named == accounts == used
     policies = {o["metadata"]["name"] for o in objs if o["kind"] == "ValidatingAdmissionPolicy"}
     bindings = {o["spec"]["policyName"] for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"}
-    assert policies == bindings == {"gpu-slice-annotations", "gpu-slice-device-plugin-own-node", "gpu-slice-requests"}
+    assert policies == bindings == {"gpu-slice-annotations", "gpu-slice-device-plugin-own-node", "gpu-slice-requests",
+                                    "gpu-slice-slice-pods"}
 
 
 def test_every_namespaced_object_is_in_the_project_namespace_or_the_lease_namespace() -> None:
