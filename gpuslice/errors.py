@@ -10,7 +10,8 @@ Every error a caller can act on has its own class, so the services translate the
     ├── RequestError          a pod whose slice request cannot be honoured as written
     ├── AnnotationError       a malformed or unsupported contract annotation
     ├── ConfigError           a config file that fails validation (carries field paths)
-    └── PolicyError           an unknown policy name or bad weight
+    ├── PolicyError           an unknown policy name or bad weight
+    └── AdviceError           a measured peak the right-sizing rule cannot use
 """
 
 from __future__ import annotations
@@ -51,3 +52,7 @@ class ConfigError(GpuSliceError):
 
 class PolicyError(GpuSliceError):
     """An unknown policy name or an invalid weight."""
+
+
+class AdviceError(GpuSliceError):
+    """A measured figure the right-sizing rule cannot use (negative, not a number, a ratio over 1)."""
