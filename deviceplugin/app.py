@@ -34,6 +34,7 @@ from deviceplugin.errors import DevicePluginError, KubeApiError, KubeUnavailable
 from deviceplugin.kube import KubeClient, Obj, Watcher, load_api_client
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.mps_limits import MpsLimitKeeper
+from deviceplugin.pod_series import PodSeriesCollector
 from deviceplugin.registration import Registrar
 from deviceplugin.server import DevicePluginServicer, PluginState
 from deviceplugin.settings import Settings
@@ -245,6 +246,10 @@ class DevicePluginApp:
                                       proc_root=s.proc_root, event=self._pod_event, evict=evict,
                                       registry=self.registry)
             self._supervise(self.budget.run(stop), "budget-watch")
+        usage = getattr(backend, "instance_usage", None)
+        self.registry.register(PodSeriesCollector(
+            s.node_name, self._metrics_inventory, lambda: self._dcgm_uses, usage,
+            lambda: self.budget.client_memory if self.budget is not None else None))
 
     def _connect_kube(self) -> AssignmentBook | None:
         s = self.settings
@@ -515,6 +520,7 @@ class DevicePluginApp:
             return
         if kind == "DELETED" or view.node_name != self.settings.node_name:
             self.book.remove(view.uid)
+            self._feed_workload(fresh=True)
         else:
             self.book.upsert(view)
         self.state.pods_changed()
@@ -628,9 +634,20 @@ class DevicePluginApp:
         inv = self.state.inventory()
         self._metrics_snapshot = inv.with_used(self._allocated() & inv.all_ids())
         self._dcgm_uses = self._slice_uses()
+        self._feed_workload()
+
+    def _feed_workload(self, fresh: bool = False) -> None:
+        """The simulated backend's GPUs follow the pods holding their slices (its MPS clients leave with
+        their pod, before the budget watch's next look); ``fresh`` recomputes who holds what first."""
+        workload = getattr(self.backend, "set_workload", None)
+        if workload is not None:
+            if fresh:
+                self._dcgm_uses = self._slice_uses()
+            workload(self._dcgm_uses)
 
     def _slice_uses(self) -> dict[str, SliceUse]:
-        """Slice id -> the live pod holding it (PodResources' view first, then stamps), for DCGM labels."""
+        """Slice id -> the live pod holding it (PodResources' view first, then stamps): the DCGM labels, the
+        per-pod series and the simulated backend's workload."""
         book = self.book
         if book is None:
             return {}
@@ -639,11 +656,11 @@ class DevicePluginApp:
         for key, ids_ in book.admitted.items():
             pod = by_key.get(key)
             if pod is not None:
-                use = SliceUse(pod.namespace, pod.name, pod.container, pod.utilization)
+                use = SliceUse(pod.namespace, pod.name, pod.container, pod.utilization, pod.uid, pod.memory)
                 out.update(dict.fromkeys(ids_, use))
         for pod in by_key.values():
             if pod.allocated_ids and pod.key not in book.admitted:
-                use = SliceUse(pod.namespace, pod.name, pod.container, pod.utilization)
+                use = SliceUse(pod.namespace, pod.name, pod.container, pod.utilization, pod.uid, pod.memory)
                 for sid in pod.allocated_ids:
                     out.setdefault(sid, use)
         return out

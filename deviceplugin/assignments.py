@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
-from deviceplugin.dcgm import UTILIZATION_ANNOTATION
+from deviceplugin.dcgm import MEMORY_ANNOTATION, UTILIZATION_ANNOTATION
 from deviceplugin.errors import PlacementRefused
 from gpuslice import ids
 from gpuslice.annotations import decode_allocated_for, decode_assignment_for, format_time, parse_time
@@ -66,6 +66,7 @@ class PodView:
     assignment_ids: tuple[str, ...] | None = None
     allocated_ids: tuple[str, ...] | None = None
     utilization: str | None = None  # example.com/simulated-utilization, raw (the simulated DCGM series)
+    memory: str | None = None  # example.com/simulated-memory, raw (the simulated backend's memory in use)
     container: str = ""  # the container that requests slices (dcgm-exporter's container label)
     _order: tuple[datetime, datetime, str, str] = field(default=(datetime.min, datetime.min, "", ""), init=False,
                                                         repr=False, compare=False)
@@ -460,11 +461,13 @@ def pod_view(obj: Mapping[str, Any], node: str) -> PodView:
         allocated_ids = allocated.slice_ids
     annotations = meta.get("annotations") or {}
     raw_util = annotations.get(UTILIZATION_ANNOTATION) if isinstance(annotations, Mapping) else None
+    raw_memory = annotations.get(MEMORY_ANNOTATION) if isinstance(annotations, Mapping) else None
     return PodView(namespace=namespace, name=name, uid=str(meta.get("uid", "")),
                    node_name=str(spec.get("nodeName") or ""), phase=str(status.get("phase") or "Pending"),
                    created=str(meta.get("creationTimestamp") or ""), assigned_at=assigned_at,
                    assignment_ids=assignment_ids, allocated_ids=allocated_ids,
-                   utilization=None if raw_util is None else str(raw_util), container=_slice_container(spec))
+                   utilization=None if raw_util is None else str(raw_util), container=_slice_container(spec),
+                   memory=None if raw_memory is None else str(raw_memory))
 
 
 

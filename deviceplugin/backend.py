@@ -36,11 +36,25 @@ class HealthEvent:
 @dataclass(frozen=True, slots=True)
 class GpuProcess:
     """A compute process on a GPU (host PID): an MPS client or not, and the memory it uses (MiB;
-    ``None`` where the driver cannot tell)."""
+    ``None`` where the driver cannot tell). ``pod_uid`` is set only where the backend itself knows the
+    pod (the simulated backend's clients); otherwise the budget watch finds it through cgroups."""
 
     pid: int
     used_mib: int | None
     mps_client: bool
+    pod_uid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UnitUsage:
+    """What the hardware reports for one MIG instance now: framebuffer memory in use (MiB), and the
+    ratio (0..1) of time its graphics engine and its memory interface were active since the previous
+    reading; ``None`` where the GPU cannot tell (activity needs NVML's GPU performance monitoring,
+    Hopper and later)."""
+
+    memory_used_mib: int | None
+    gr_active: float | None = None
+    dram_active: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +107,12 @@ class Backend(Protocol):
 
     def gpu_processes(self, gpu_uuid: str) -> tuple[GpuProcess, ...]:
         """The compute processes on one GPU now (the budget watch reads it from a worker thread)."""
+        ...
+
+    def instance_usage(self) -> Mapping[str, UnitUsage]:
+        """Each advertised MIG instance's usage now, by MIG UUID (read at scrape time from the metrics
+        thread; an instance that cannot be read is left out). A MIG pod owns its instance, so these are
+        its pod's figures."""
         ...
 
     def close(self) -> None:

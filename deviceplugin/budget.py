@@ -6,7 +6,8 @@ elsewhere, through ``envFrom`` the admission policy cannot read) is under no cap
 EXCLUSIVE_PROCESS, can take the GPU from the MPS server and lock its neighbours out. So every
 ``budget_s`` the plugin reads, for each MPS GPU, the running compute processes and MPS clients
 (``Backend.gpu_processes``, host PIDs), maps each PID to its pod UID through ``/proc/<pid>/cgroup``
-(cgroupfs ``.../pod<uid>/...`` and systemd ``...-pod<uid_with_underscores>.slice/...`` both), and
+(cgroupfs ``.../pod<uid>/...`` and systemd ``...-pod<uid_with_underscores>.slice/...`` both;
+:func:`map_processes`, the plugin's one such mapping: the per-pod memory series read its result), and
 finds:
 
 * ``over-share``: a pod whose MPS clients on the GPU use more memory together than its share
@@ -97,16 +98,52 @@ def _slices_on(holder: Holder, gpu_uuid: str) -> int:
     return n
 
 
+def pod_of(proc: GpuProcess, proc_root: Path = Path("/proc")) -> str | None:
+    """The pod UID of a GPU process: the backend's own answer where it has one (the simulated
+    backend's clients), else the process's cgroup. The one PID -> pod mapping of the plugin."""
+    return proc.pod_uid or pod_uid_of(proc.pid, proc_root)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuClients:
+    """One GPU's compute processes mapped to pods: MPS clients by pod UID (``None``: of no pod), and
+    every other compute process with its pod UID."""
+
+    clients: dict[str | None, tuple[GpuProcess, ...]]
+    others: tuple[tuple[GpuProcess, str | None], ...]
+
+    def memory_mib(self, uid: str) -> int | None:
+        """MiB the pod's MPS clients use together (0 with none; None where the driver cannot tell)."""
+        procs = self.clients.get(uid, ())
+        if any(p.used_mib is None for p in procs):
+            return None
+        return sum(p.used_mib or 0 for p in procs)
+
+
+def map_processes(processes: Iterable[GpuProcess], proc_root: Path = Path("/proc")) -> GpuClients:
+    """Each process to its pod (:func:`pod_of`), MPS clients grouped by pod."""
+    clients: dict[str | None, list[GpuProcess]] = {}
+    others: list[tuple[GpuProcess, str | None]] = []
+    for proc in processes:
+        uid = pod_of(proc, proc_root)
+        if proc.mps_client:
+            clients.setdefault(uid, []).append(proc)
+        else:
+            others.append((proc, uid))
+    return GpuClients({uid: tuple(procs) for uid, procs in clients.items()}, tuple(others))
+
+
 def check_gpu(gpu: Gpu, processes: Iterable[GpuProcess], holders: Mapping[str, Holder],
               proc_root: Path = Path("/proc")) -> list[Finding]:
     """The findings on one ``mps`` GPU (``holders``: pod UID -> its holding, for this node)."""
-    clients: dict[str | None, list[GpuProcess]] = {}
+    return judge(gpu, map_processes(processes, proc_root), holders, proc_root)
+
+
+def judge(gpu: Gpu, mapped: GpuClients, holders: Mapping[str, Holder],
+          proc_root: Path = Path("/proc")) -> list[Finding]:
+    """The findings on one ``mps`` GPU whose processes are already mapped to pods."""
     out: list[Finding] = []
-    for proc in processes:
-        uid = pod_uid_of(proc.pid, proc_root)
-        if proc.mps_client:
-            clients.setdefault(uid, []).append(proc)
-            continue
+    for proc, uid in mapped.others:
         if command_of(proc.pid, proc_root) == MPS_SERVER_COMM:
             continue
         holder = holders.get(uid) if uid else None
@@ -115,7 +152,7 @@ def check_gpu(gpu: Gpu, processes: Iterable[GpuProcess], holders: Mapping[str, H
                            f"process {proc.pid} of {who} uses MPS GPU {gpu.uuid} without MPS "
                            f"({proc.used_mib if proc.used_mib is not None else '?'} MiB): no cap holds it, and "
                            f"under EXCLUSIVE_PROCESS it can lock the GPU's MPS clients out"))
-    for uid, procs in sorted(clients.items(), key=lambda kv: kv[0] or ""):
+    for uid, procs in sorted(mapped.clients.items(), key=lambda kv: kv[0] or ""):
         pids = tuple(sorted(p.pid for p in procs))
         holder = holders.get(uid) if uid else None
         k = _slices_on(holder, gpu.uuid) if holder else 0

@@ -4,6 +4,10 @@
 NVML and ``/proc`` are read on a worker thread; the pod cache is read on the event loop. A finding
 that persists is reported once (log, pod event, metric); the metric counts the findings in force
 now, so it falls back to 0 when the pod behaves or leaves.
+
+Each pass also leaves ``client_memory``: per MPS GPU it looked at, the MiB each pod's MPS clients use
+together there (the per-pod memory series, ``deviceplugin.pod_series``, serve it; one mapping of
+processes to pods, never a second).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from deviceplugin.assignments import AssignmentBook
 from deviceplugin.backend import Backend, GpuProcess
-from deviceplugin.budget import KINDS, Finding, Holder, check_gpu
+from deviceplugin.budget import KINDS, Finding, Holder, judge, map_processes
 from deviceplugin.errors import DevicePluginError
 from gpuslice.model import NodeInventory
 
@@ -57,6 +61,9 @@ class BudgetWatch:
         self._event = event
         self._evict = evict
         self.reported: dict[tuple[str, str, str], Finding] = {}
+        # GPU uuid -> pod UID -> MiB its MPS clients use (None: the driver cannot tell); replaced whole
+        # after each pass (the metrics thread reads it). A GPU the last pass could not read is absent.
+        self.client_memory: dict[str, dict[str, int | None]] = {}
         self.evicted: set[str] = set()
         self.passes = 0
         self.gauge: Gauge | None = None
@@ -76,13 +83,17 @@ class BudgetWatch:
         gpus = [g for g in self._inventory().gpus if g.mode == "mps" and g.healthy]
         found: list[Finding] = []
         held = holders(self._book())
+        memory: dict[str, dict[str, int | None]] = {}
         for gpu in gpus:
             try:
                 procs: tuple[GpuProcess, ...] = await asyncio.to_thread(self.backend.gpu_processes, gpu.uuid)
             except DevicePluginError as exc:
                 log.info("budget watch: %s", exc)
                 continue
-            found += await asyncio.to_thread(check_gpu, gpu, procs, held, self.proc_root)
+            mapped = await asyncio.to_thread(map_processes, procs, self.proc_root)
+            memory[gpu.uuid] = {uid: mapped.memory_mib(uid) for uid in mapped.clients if uid}
+            found += await asyncio.to_thread(judge, gpu, mapped, held, self.proc_root)
+        self.client_memory = memory
         now = {f.key: f for f in found}
         for key in sorted(set(now) - set(self.reported)):
             await self._report(now[key])

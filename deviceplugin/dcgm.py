@@ -11,12 +11,15 @@ prometheus_client the labels come out sorted by name (the same series to Prometh
 ``render_text`` writes them in the exporter's order.
 
 The driver is each pod's ``example.com/simulated-utilization`` annotation (0-100), given as a
-mapping of allocated slice id -> ``SliceUse``. A MIG instance's activity is its pod's value; an
-MPS/whole GPU's is sum(u_pod * k_pod / S), capped at 100. Memory bandwidth is
-``dram_factor * activity`` (LLM decoding is bandwidth-bound) and framebuffer use is
-``fb_fraction`` of the memory share each pod holds (a serving engine preallocates its share).
-A bad annotation is ignored (the pod counts as idle), logged once per pod and value, and counted in
-``gpu_slice_simulated_utilization_invalid_total``; it never fails a scrape.
+mapping of allocated slice id -> ``SliceUse``. A unit's (MIG instance's, or MPS/whole GPU's) activity
+is sum(u_pod * k_pod / slices of the unit), capped at 100: a MIG instance's is its pod's value.
+Memory bandwidth is ``dram_factor * activity`` (LLM decoding is bandwidth-bound). Each pod's
+framebuffer use is its ``example.com/simulated-memory`` annotation (a quantity, capped at its share),
+else ``fb_fraction`` of the memory share it holds (k/slices of the unit's memory: a serving engine
+preallocates its share); the unit's is their sum. :func:`simulate_unit` is that model, the one the
+simulated backend also serves per MIG instance and per MPS client (``deviceplugin.simulated``).
+A bad annotation is ignored (the pod counts as idle, or as the fraction model), logged once per pod
+and value, and counted in ``gpu_slice_simulated_utilization_invalid_total``; it never fails a scrape.
 """
 
 from __future__ import annotations
@@ -32,11 +35,14 @@ from prometheus_client.registry import Collector
 
 from gpuslice import ids
 from gpuslice.catalogue import PRODUCTS
+from gpuslice.errors import GpuSliceError
 from gpuslice.model import Gpu, MigInstance
+from gpuslice.units import quantity_to_mib
 
 log = logging.getLogger(__name__)
 
 UTILIZATION_ANNOTATION = "example.com/simulated-utilization"
+MEMORY_ANNOTATION = "example.com/simulated-memory"
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
 GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 DRAM_ACTIVE = "DCGM_FI_PROF_DRAM_ACTIVE"
@@ -53,12 +59,15 @@ _HELP = {
 
 @dataclass(frozen=True, slots=True)
 class SliceUse:
-    """Who holds an allocated slice, and the raw value of its pod's utilization annotation (or None)."""
+    """Who holds an allocated slice, and the raw values of its pod's simulated-utilization and
+    simulated-memory annotations (or None)."""
 
     namespace: str
     pod: str
     container: str
     utilization: str | float | int | None = None
+    uid: str = ""
+    memory: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,77 @@ def parse_utilization(raw: str | float | int | None) -> float:
     if not math.isfinite(value) or not 0 <= value <= 100:
         raise ValueError(f"utilization must be a number 0-100, got {raw!r}")
     return value
+
+
+def parse_memory(raw: str | None) -> float | None:
+    """MiB from the memory annotation (a Kubernetes quantity), None when absent; raises ``ValueError``."""
+    if raw is None:
+        return None
+    try:
+        mib = float(quantity_to_mib(raw, what=MEMORY_ANNOTATION))
+    except GpuSliceError as exc:
+        raise ValueError(str(exc)) from None
+    if mib < 0:
+        raise ValueError(f"{MEMORY_ANNOTATION} must not be negative, got {raw!r}")
+    return mib
+
+
+PodKey = tuple[str, str, str]  # (container, namespace, pod): dcgm-exporter's label order
+
+
+@dataclass(frozen=True, slots=True)
+class PodLoad:
+    """One pod on one unit in the simulation: its slices there, its activity (0-100) and memory (MiB)."""
+
+    use: SliceUse
+    slices: int
+    activity: float
+    memory_mib: float
+
+
+@dataclass(frozen=True, slots=True)
+class UnitLoad:
+    """A unit (MIG instance, MPS or whole GPU) in the simulation: its pods, activity (0-100), memory used."""
+
+    pods: dict[PodKey, PodLoad]
+    activity: float
+    memory_used_mib: int
+
+
+def simulate_unit(memory_mib: int, slices: int, uses: list[SliceUse], fb_fraction: float,
+                  utilization: Callable[[SliceUse], float],
+                  memory: Callable[[SliceUse], float | None]) -> UnitLoad:
+    """The simulation's one model of a unit's load (see the module): ``uses`` one per held slice;
+    ``utilization``/``memory`` read a pod's annotations (0 and None where they do not parse)."""
+    grouped: dict[PodKey, list[SliceUse]] = {}
+    for use in uses:
+        grouped.setdefault((use.container, use.namespace, use.pod), []).append(use)
+    pods: dict[PodKey, PodLoad] = {}
+    for key, held in sorted(grouped.items()):
+        k = len(held)
+        share = memory_mib * k / max(slices, 1)
+        asked = memory(held[0])
+        pods[key] = PodLoad(held[0], k, utilization(held[0]), share * fb_fraction if asked is None
+                            else min(asked, share))
+    activity = min(100.0, sum(p.activity * p.slices / max(slices, 1) for p in pods.values()))
+    used = min(memory_mib, round(sum(p.memory_mib for p in pods.values())))
+    return UnitLoad(pods, activity, used)
+
+
+def quiet_utilization(use: SliceUse) -> float:
+    """The utilization annotation, 0 where it does not parse (the collector logs those)."""
+    try:
+        return parse_utilization(use.utilization)
+    except ValueError:
+        return 0.0
+
+
+def quiet_memory(use: SliceUse) -> float | None:
+    """The memory annotation, None where it does not parse (the collector logs those)."""
+    try:
+        return parse_memory(use.memory)
+    except ValueError:
+        return None
 
 
 def simulated_gi_id(gpu: Gpu, inst: MigInstance) -> int:
@@ -155,20 +235,29 @@ class DcgmCollector(Collector):
         self._invalid_seen: set[tuple[str, str, str]] = set()
         self.invalid_total = 0
 
+    def _invalid(self, use: SliceUse, annotation: str, raw: object, exc: ValueError) -> None:
+        key = (use.namespace, use.pod, f"{annotation}={raw!r}")
+        with self._lock:
+            fresh = key not in self._invalid_seen
+            if fresh:
+                self._invalid_seen.add(key)
+                self.invalid_total += 1
+        if fresh:
+            log.warning("pod %s/%s: annotation %s ignored: %s", use.namespace, use.pod, annotation, exc)
+
     def _utilization(self, use: SliceUse) -> float:
         try:
             return parse_utilization(use.utilization)
         except ValueError as exc:
-            key = (use.namespace, use.pod, repr(use.utilization))
-            with self._lock:
-                fresh = key not in self._invalid_seen
-                if fresh:
-                    self._invalid_seen.add(key)
-                    self.invalid_total += 1
-            if fresh:
-                log.warning("pod %s/%s: annotation %s ignored: %s", use.namespace, use.pod,
-                            UTILIZATION_ANNOTATION, exc)
+            self._invalid(use, UTILIZATION_ANNOTATION, use.utilization, exc)
             return 0.0
+
+    def _memory(self, use: SliceUse) -> float | None:
+        try:
+            return parse_memory(use.memory)
+        except ValueError as exc:
+            self._invalid(use, MEMORY_ANNOTATION, use.memory, exc)
+            return None
 
     def describe(self) -> Iterable[Metric]:
         return [*self._families().values(), self._invalid_family()]
@@ -179,7 +268,8 @@ class DcgmCollector(Collector):
     def _invalid_family(self) -> CounterMetricFamily:
         family = CounterMetricFamily(
             "gpu_slice_simulated_utilization_invalid",
-            f"Distinct bad values of the {UTILIZATION_ANNOTATION} annotation seen (pod, value).")
+            f"Distinct bad values of the {UTILIZATION_ANNOTATION} and {MEMORY_ANNOTATION} annotations seen "
+            "(pod, annotation, value).")
         family.add_metric([], self.invalid_total)
         return family
 
@@ -214,42 +304,34 @@ class DcgmCollector(Collector):
             labels["DCGM_FI_DRIVER_VERSION"] = self.options.driver_version
         return labels
 
-    @staticmethod
-    def _pods(uses: list[SliceUse]) -> dict[tuple[str, str, str], list[SliceUse]]:
-        pods: dict[tuple[str, str, str], list[SliceUse]] = {}
-        for use in uses:
-            pods.setdefault((use.container, use.namespace, use.pod), []).append(use)
-        return dict(sorted(pods.items()))
-
     def _emit(self, fams: dict[str, GaugeMetricFamily], base: dict[str, str],
-              pods: Iterable[tuple[str, str, str]], values: dict[str, float]) -> None:
+              pods: Iterable[PodKey], values: dict[str, float]) -> None:
         label_sets = [{**base, "container": c, "namespace": n, "pod": p} for c, n, p in pods] or [base]
         for labels in label_sets:
             for name, value in values.items():
                 fams[name].add_sample(name, labels, value)
 
+    def _load(self, memory_mib: int, slices: int, uses: list[SliceUse]) -> UnitLoad:
+        return simulate_unit(memory_mib, slices, uses, self.options.fb_fraction, self._utilization, self._memory)
+
     def _instance(self, fams: dict[str, GaugeMetricFamily], gpu: Gpu, inst: MigInstance,
                   uses: list[SliceUse]) -> None:
-        pods = self._pods(uses)
-        util = min(100.0, max((self._utilization(u[0]) for u in pods.values()), default=0.0))
-        used = round(inst.memory_mib * self.options.fb_fraction) if pods else 0
-        self._emit(fams, self._base(gpu, inst), pods, {
+        load = self._load(inst.memory_mib, inst.compute_slices, uses)
+        util = load.activity
+        self._emit(fams, self._base(gpu, inst), load.pods, {
             GR_ENGINE_ACTIVE: round(util / 100, 6),
             DRAM_ACTIVE: round(min(1.0, self.options.dram_factor * util / 100), 6),
-            FB_USED: used,
-            FB_FREE: inst.memory_mib - used,
+            FB_USED: load.memory_used_mib,
+            FB_FREE: inst.memory_mib - load.memory_used_mib,
         })
 
     def _gpu(self, fams: dict[str, GaugeMetricFamily], gpu: Gpu, uses: list[SliceUse]) -> None:
-        pods = self._pods(uses)
-        activity = sum(self._utilization(u[0]) * len(u) / gpu.slices for u in pods.values())
-        util = min(100.0, activity)
-        held = sum(len(u) for u in pods.values())
-        used = min(gpu.memory_mib, round(gpu.memory_mib * held / gpu.slices * self.options.fb_fraction))
-        self._emit(fams, self._base(gpu, None), pods, {
+        load = self._load(gpu.memory_mib, gpu.slices, uses)
+        util = load.activity
+        self._emit(fams, self._base(gpu, None), load.pods, {
             GPU_UTIL: round(util),
             GR_ENGINE_ACTIVE: round(util / 100, 6),
             DRAM_ACTIVE: round(min(1.0, self.options.dram_factor * util / 100), 6),
-            FB_USED: used,
-            FB_FREE: gpu.memory_mib - used,
+            FB_USED: load.memory_used_mib,
+            FB_FREE: gpu.memory_mib - load.memory_used_mib,
         })

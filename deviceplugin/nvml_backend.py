@@ -35,6 +35,9 @@ have changed. A GPU with any allocated id is never changed; its change waits and
 
 Processes (``gpu_processes``, for the budget watch): NVML's running compute processes and MPS
 clients of one GPU, with the memory each uses.
+
+Usage (``instance_usage``, for the per-pod series): each advertised MIG instance's memory in use and
+its GPM activity (:mod:`deviceplugin.nvml_usage`).
 """
 
 from __future__ import annotations
@@ -48,10 +51,11 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin import compute_mode
-from deviceplugin.backend import GpuProcess, GpuTarget, HealthEvent
+from deviceplugin.backend import GpuProcess, GpuTarget, HealthEvent, UnitUsage
 from deviceplugin.errors import DiscoveryError
 from deviceplugin.mps import MAX_MPS_CLIENT_SLICES
 from deviceplugin.mps_supervisor import MpsSupervisor
+from deviceplugin.nvml_usage import MigDevice, MigUsageReader
 from gpuslice.catalogue import MigProfile, Product, product_for_nvml_name
 from gpuslice.errors import CatalogueError
 from gpuslice.model import Gpu, MigInstance
@@ -123,6 +127,8 @@ class NvmlBackend:
         self._handles: dict[str, Any] = {}
         self._mig_by_gi: dict[tuple[str, int], str] = {}
         self._parent_of: dict[str, str] = {}
+        self._mig_devices: dict[str, MigDevice] = {}  # advertised MIG uuid -> its handles (usage reads)
+        self._usage = MigUsageReader(nvml, clock=clock)
         self._faults: dict[str, _Fault] = {}
         # GPU -> the compute mode it had before gpu-slice set EXCLUSIVE_PROCESS (host record, so a
         # restarted plugin restores it too)
@@ -162,6 +168,8 @@ class NvmlBackend:
                 gpus.append(gpu)
         with self._lock:
             self.warnings = warnings
+            advertised = {i.uuid for g in gpus for i in g.instances}
+            self._mig_devices = {u: d for u, d in self._mig_devices.items() if u in advertised}
         for line in warnings:
             log.warning("%s", line)
         return tuple(gpus)
@@ -211,7 +219,9 @@ class NvmlBackend:
         split: set[int] = set()
         with self._lock:  # re-read: instances re-created since the last discovery get new ids
             for key in [k for k in self._mig_by_gi if k[0] == gpu_uuid]:
+                self._mig_devices.pop(self._mig_by_gi[key], None)
                 del self._mig_by_gi[key]
+        handles: dict[str, Any] = {}
         for mig_index in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
             try:
                 mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, mig_index)
@@ -219,6 +229,7 @@ class NvmlBackend:
                 continue  # unused index
             mig_uuid = _text(nv.nvmlDeviceGetUUID(mig))
             gi_id = int(nv.nvmlDeviceGetGpuInstanceId(mig))
+            handles[mig_uuid] = mig
             memory_mib = int(nv.nvmlDeviceGetMemoryInfo(mig).total) // _MIB
             attrs = self._attributes(mig)
             if attrs is not None and attrs.computeInstanceSliceCount != attrs.gpuInstanceSliceCount:
@@ -244,6 +255,7 @@ class NvmlBackend:
             for (gi_id, mig_uuid, profile, _start, memory_mib), start in zip(chosen, starts, strict=True):
                 self._mig_by_gi[(gpu_uuid, gi_id)] = mig_uuid
                 self._parent_of[mig_uuid] = gpu_uuid
+                self._mig_devices[mig_uuid] = MigDevice(mig_uuid, handles[mig_uuid], gpu_uuid, handle, gi_id)
                 instances.append(MigInstance(mig_uuid, profile.name, start, profile.compute_slices, memory_mib))
         return tuple(sorted(instances, key=lambda i: i.start))
 
@@ -623,9 +635,18 @@ class NvmlBackend:
             out[pid] = GpuProcess(pid, mib, is_client or (pid in out and out[pid].mps_client))
         return tuple(sorted(out.values(), key=lambda p: p.pid))
 
+    # ---- usage (the per-pod series) ------------------------------------------------------------------
+
+    def instance_usage(self) -> Mapping[str, UnitUsage]:
+        """Each advertised MIG instance's memory in use and activity (:mod:`deviceplugin.nvml_usage`)."""
+        with self._lock:
+            devices = list(self._mig_devices.values())
+        return self._usage.read(devices)
+
     def close(self) -> None:
         nv = self._nvml
         self._stop.set()
+        self._usage.close()
         if self._thread is not None:
             self._thread.join(timeout=self._event_timeout_ms / 1000 + 5)
             self._thread = None

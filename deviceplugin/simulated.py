@@ -22,6 +22,14 @@ Faults are injected with ``inject_fault``/``recover``; layouts change through ``
 ``MpsSupervisor`` (pointed at ``mps_standin.py``) its MPS GPUs are healthy only while their
 stand-in daemons answer, exactly as on a real node. A GPU's processes (what NVML's running-process
 lists would show, for the budget watch) are set with ``set_processes``.
+
+**Workload.** ``set_workload`` tells the backend which pod holds which slice (the app passes it on
+from its pod cache, with each pod's ``example.com/simulated-utilization`` and
+``example.com/simulated-memory``); from it, by the one simulation model
+(:func:`deviceplugin.dcgm.simulate_unit`, the same the DCGM-compatible series use), the backend
+serves what NVML would: each MIG instance's memory and activity (``instance_usage``), and on each MPS
+GPU one MPS client process per pod with its memory (in ``gpu_processes``, with the pod's UID, since
+no real process and no cgroup exists for it).
 """
 
 from __future__ import annotations
@@ -36,11 +44,13 @@ from typing import Any
 
 import yaml
 
-from deviceplugin.backend import GpuProcess, GpuTarget, HealthEvent, MigPlacement
+from deviceplugin.backend import GpuProcess, GpuTarget, HealthEvent, MigPlacement, UnitUsage
+from deviceplugin.dcgm import DcgmOptions, SliceUse, UnitLoad, quiet_memory, quiet_utilization, simulate_unit
 from deviceplugin.errors import TopologyError
 from deviceplugin.mps_supervisor import MpsSupervisor
+from gpuslice import ids
 from gpuslice.catalogue import PRODUCTS, Product
-from gpuslice.errors import CatalogueError
+from gpuslice.errors import CatalogueError, DeviceIdError
 from gpuslice.model import GPU_MODES, Gpu, MigInstance, validate_mig_layout
 
 log = logging.getLogger(__name__)
@@ -48,6 +58,8 @@ log = logging.getLogger(__name__)
 DEFAULT_NODE = "sim-node"
 DEFAULT_SLICES = 7
 SIM_MAX_SLICES = 1000
+#: Simulated MPS client PIDs start above Linux's largest pid_max (2^22), so they never name a real process.
+SIM_PID_BASE = 1 << 22
 _NAMESPACE = uuidlib.UUID("6f1c1f0e-3b7a-4f4e-9a59-5a1c2d9e0b11")
 _TOP_KEYS = {"version", "node", "slices", "gpus"}
 _GPU_KEYS = {"product", "mode", "uuid", "slices", "instances", "memory_mib"}
@@ -212,6 +224,10 @@ class SimulatedBackend:
         self._emit: Callable[[HealthEvent], None] = lambda _event: None
         self._watching = False
         self._processes: dict[str, tuple[GpuProcess, ...]] = {}
+        self._workload: dict[str, list[SliceUse]] = {}  # owner (GPU or MIG uuid) -> one use per held slice
+        self._pids: dict[tuple[str, str], int] = {}  # (GPU uuid, pod UID) -> its simulated MPS client's PID
+        self._next_pid = SIM_PID_BASE
+        self._fb_fraction = DcgmOptions().fb_fraction
         if mps is not None:
             mps.set_gpus(g.uuid for g in topo.gpus if g.mode == "mps")
 
@@ -357,9 +373,55 @@ class SimulatedBackend:
             self._processes[gpu_uuid] = tuple(processes)
 
     def gpu_processes(self, gpu_uuid: str) -> tuple[GpuProcess, ...]:
+        """The processes set with ``set_processes``, and on an MPS GPU one MPS client per pod of the workload."""
         with self._lock:
             self._owner(gpu_uuid, None)
-            return self._processes.get(gpu_uuid, ())
+            gpu = self._gpus[gpu_uuid]
+            given = self._processes.get(gpu_uuid, ())
+            if gpu.mode != "mps":
+                return given
+            load = self._load(gpu.memory_mib, gpu.slices, gpu_uuid)
+            clients = []
+            for pod in load.pods.values():
+                uid = pod.use.uid
+                pid = self._pids.get((gpu_uuid, uid))
+                if pid is None:
+                    pid = self._pids[(gpu_uuid, uid)] = self._next_pid
+                    self._next_pid += 1
+                clients.append(GpuProcess(pid, round(pod.memory_mib), True, pod_uid=uid or None))
+            return (*given, *clients)
+
+    # ---- workload and usage --------------------------------------------------------------------------
+
+    def set_workload(self, uses: Mapping[str, SliceUse]) -> None:
+        """Which pod holds each slice id now (ids of other nodes or malformed ones are ignored)."""
+        by_owner: dict[str, list[SliceUse]] = {}
+        for sid, use in uses.items():
+            try:
+                owner = ids.owner_of(sid)
+            except DeviceIdError:
+                continue
+            by_owner.setdefault(owner, []).append(use)
+        with self._lock:
+            self._workload = by_owner
+            live = {(o, u.uid) for o, us in by_owner.items() for u in us}
+            self._pids = {k: v for k, v in self._pids.items() if k in live}
+
+    def _load(self, memory_mib: int, slices: int, owner: str) -> UnitLoad:
+        return simulate_unit(memory_mib, slices, self._workload.get(owner, []), self._fb_fraction,
+                             quiet_utilization, quiet_memory)
+
+    def instance_usage(self) -> Mapping[str, UnitUsage]:
+        """Every MIG instance's memory in use and activity, from the workload (the DCGM series' model)."""
+        out: dict[str, UnitUsage] = {}
+        with self._lock:
+            for gpu in self._gpus.values():
+                for inst in gpu.instances if gpu.mode == "mig" else ():
+                    load = self._load(inst.memory_mib, inst.compute_slices, inst.uuid)
+                    ratio = load.activity / 100
+                    out[inst.uuid] = UnitUsage(load.memory_used_mib, round(ratio, 6),
+                                               round(min(1.0, DcgmOptions().dram_factor * ratio), 6))
+        return out
 
     def close(self) -> None:
         if self._mps is not None:

@@ -13,10 +13,8 @@ import asyncio
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
-import subprocess
 import threading
 import urllib.error
 import urllib.parse
@@ -40,6 +38,7 @@ from deviceplugin.mps_supervisor import MpsSupervisor
 from deviceplugin.settings import Settings, load_config_file
 from deviceplugin.simulated import SimulatedBackend, builtin_topology
 from gpuslice.model import Gpu
+from tests import prometheus
 from tests.fakeapi.server import FakeApiServer
 from tests.kubelet.standin import KubeletStandin, slice_pod
 
@@ -733,46 +732,20 @@ async def test_simulated_backend_serves_dcgm_series_with_pod_labels_to_a_real_pr
     assert f'UUID="{MPS.uuid}"' in gpu_line and f'Hostname="{NODE}"' not in gpu_line
     assert float(gpu_line.rsplit(" ", 1)[1]) == 20.0  # 70 % on 2 of 7 slices
 
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.skip("Debian's prometheus binary is absent (apt-get install -y prometheus): "
-                    "the exposition was checked, a real scrape was not")
-    prom_port = _free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-                      "scrape_configs:\n  - job_name: gpu-slice-device-plugin\n"
-                      f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n")
-    proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{prom_port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        def query(promql: str) -> list[dict[str, Any]]:
-            url = f"http://127.0.0.1:{prom_port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-            try:
-                with urllib.request.urlopen(url, timeout=5) as resp:
-                    body = json.loads(resp.read())
-            except OSError:
-                return []
-            result: list[dict[str, Any]] = body["data"]["result"]
-            return result
-
+    if prometheus.binary() is None:
+        pytest.skip(f"{prometheus.SKIP}: the exposition was checked, a real scrape was not")
+    with prometheus.running([f"127.0.0.1:{port}"], tmp_path) as prom:
         promql = 'max by (pod, namespace, container, UUID, GPU_I_PROFILE) (DCGM_FI_PROF_GR_ENGINE_ACTIVE{pod!=""})'
         found: list[dict[str, Any]] = []
         async with asyncio.timeout(30):
             while len(found) < 2:
-                found = await asyncio.to_thread(query, promql)
+                found = await asyncio.to_thread(prom.query, promql)
                 await asyncio.sleep(0.3)
         by_pod = {r["metric"]["pod"]: r for r in found}
         assert by_pod["llm-mig"]["metric"]["GPU_I_PROFILE"] == "3g.40gb"
         assert float(by_pod["llm-mig"]["value"][1]) == 0.6
         assert by_pod["llm-mps"]["metric"]["UUID"] == MPS.uuid and "GPU_I_PROFILE" not in by_pod["llm-mps"]["metric"]
         assert float(by_pod["llm-mps"]["value"][1]) == 0.2
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def test_preferred_wait_flag_reaches_the_settings() -> None:
