@@ -349,13 +349,15 @@ def _exported_series() -> set[str]:
     from prometheus_client import CollectorRegistry
 
     from deviceplugin.metrics import PluginMetrics, SliceCollector
+    from deviceplugin.pod_series import PodSeriesCollector
     from extender.metrics import ExtenderMetrics
 
     names: set[str] = set()
     registry = CollectorRegistry()
     PluginMetrics(registry)
     ext = ExtenderMetrics()
-    families = [*registry.collect(), *ext.registry.collect(), *SliceCollector(lambda: None).describe()]  # type: ignore[arg-type,return-value]
+    families = [*registry.collect(), *ext.registry.collect(), *SliceCollector(lambda: None).describe(),  # type: ignore[arg-type,return-value]
+                *PodSeriesCollector("n", lambda: None, dict).describe()]  # type: ignore[arg-type,return-value]
     for fam in families:
         suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
                     "summary": ("_sum", "_count")}.get(fam.type, ("",))
@@ -409,7 +411,8 @@ def test_examples_opt_in_and_are_sized_by_memory() -> None:
     assert pc["preemptionPolicy"] == "Never" and pc["globalDefault"] is False
     templates = {(f, o["kind"]): o["spec"]["template"] for f, o in examples() if o["kind"] in ("Deployment", "Job")}
     assert set(templates) == {("vllm.yaml", "Deployment"), ("tgi.yaml", "Deployment"),
-                              ("mig-only.yaml", "Deployment"), ("batch-spot.yaml", "Job")}
+                              ("mig-only.yaml", "Deployment"), ("batch-spot.yaml", "Job"),
+                              ("hpa-vllm.yaml", "Deployment")}
     for (f, _), tpl in templates.items():
         spec = tpl["spec"]
         assert spec["schedulerName"] == PROFILE, f
@@ -425,7 +428,7 @@ def test_examples_opt_in_and_are_sized_by_memory() -> None:
     job = templates[("batch-spot.yaml", "Job")]["spec"]
     assert {"karpenter.sh/capacity-type", "cloud.google.com/gke-spot"} <= {t["key"] for t in job["tolerations"]}
     kinds = {(f, o["kind"]) for f, o in examples()}
-    for f in ("vllm.yaml", "tgi.yaml"):
+    for f in ("vllm.yaml", "tgi.yaml", "hpa-vllm.yaml"):
         assert {(f, "Service"), (f, "HorizontalPodAutoscaler")} <= kinds
 
 
