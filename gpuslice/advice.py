@@ -145,7 +145,7 @@ def advise(holding: Holding, peak: Peak, *, headroom: float = DEFAULT_HEADROOM,
     if holding.floor_mib is not None and not memory_fits(mem, holding.floor_mib, tolerance):
         floor = math.ceil(memory)
     what = f"{slices} slice{'s' if slices > 1 else ''}" + (f" ({profile})" if profile else "")
-    why = f"{what} hold its {peaks}; frees {k - slices} of {k}"
+    why = f"{what} would hold its {peaks}; frees {k - slices} of {k}"
     if floor:
         why += f"; lower example.com/gpu-memory to {floor}Mi"
     return Advice(True, why, slices, profile, mem, k - slices, floor)
@@ -254,7 +254,9 @@ def advise_cluster(status: ClusterStatus, peaks: Mapping[str, Peak], floors: Map
                     rows.append(PodAdvice(h.pod, h.uid, node.name, gpu.uuid, unit.uuid, gpu.product, gpu.mode,
                                           h.slices, unit.profile, mem, peak.memory_mib, peak.activity, advice))
     totals: dict[tuple[str, str], list[float]] = {}
-    per_gpu = {(n.name, g.uuid): g.slices for n in status.nodes for g in n.gpus}
+    # a GPU's worth: every compute slice of its product under MIG (a layout may leave some unused), S otherwise
+    per_gpu = {(n.name, g.uuid): (PRODUCTS[g.product].compute_slices if g.mode == "mig" and g.product in PRODUCTS
+                                  else g.slices) for n in status.nodes for g in n.gpus}
     for row in rows:
         if row.advice.advised:
             t = totals.setdefault((row.product, row.mode), [0, 0.0])

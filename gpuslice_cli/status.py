@@ -7,6 +7,11 @@ kubeconfig kubectl would use) or a dump
 (``--cluster FILE``: ``kubectl get nodes,pods -A -o yaml``, or ``gpu-slice fake-cluster`` output),
 builds the extender's own view and decision API over it (:mod:`gpuslice.status`) and prints tables
 as kubectl does, or ``-o json|yaml``. It only reads: nothing is reserved, bound or written.
+
+With ``--prometheus-url`` it adds right-sizing advice: each pod's peak memory and activity over
+``--window`` from the device plugins' per-pod series (:mod:`gpuslice_cli.advice`), judged by the
+core's rule (:mod:`gpuslice.advice`), and what the cluster would free. Without it, or when
+Prometheus cannot answer, the output says advice is unavailable and why.
 """
 
 from __future__ import annotations
@@ -17,13 +22,19 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gpuslice.advice import DEFAULT_HEADROOM, DEFAULT_MIN_COVERAGE, ClusterAdvice, duration, unavailable
 from gpuslice.config import Config, default_config, load_config_text
 from gpuslice.errors import GpuSliceError
 from gpuslice.status import ClusterStatus, GpuStatus, PendingPod, UnitStatus
+from gpuslice.units import format_mib
 from gpuslice_cli.tables import table
+
+if TYPE_CHECKING:
+    from gpuslice.view import ClusterView
 
 OUTPUTS = ("table", "wide", "json", "yaml")
 
@@ -42,6 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                          "policies); default: the built-in defaults")
     parser.add_argument("-o", "--output", default="table", choices=OUTPUTS,
                         help="table (default), wide (full UUIDs and every suggestion), json or yaml")
+    parser.add_argument("--prometheus-url", help="the Prometheus that scrapes the device plugins: adds right-sizing "
+                                                 "advice from their per-pod series (without it advice is unavailable)")
+    parser.add_argument("--window", default="1h", help="how far back the advice looks at each pod's peaks "
+                                                       "(a duration: 1h, 30m, 1d; default 1h)")
+    parser.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM,
+                        help=f"how much above its peaks a smaller slice must hold (default {DEFAULT_HEADROOM}: 20 %%)")
 
 
 def _config(path: str | None) -> Config:
@@ -102,14 +119,40 @@ def live_items(kubeconfig: str | None) -> list[Mapping[str, Any]]:
     return out
 
 
-def collect(items: Any, config: Config, now: float) -> ClusterStatus:
-    """The status of nodes and pods given as v1 mappings, decided by the extender's own code."""
+def build(items: Any, config: Config, now: float) -> tuple[ClusterView, ClusterStatus]:
+    """The view of nodes and pods given as v1 mappings, and its status, decided by the extender's own code."""
     from gpuslice.scheduler import Scheduler
     from gpuslice.status import build_status
     from gpuslice.view import ClusterView
 
     view = ClusterView.from_objects(items, now, config=config)
-    return build_status(view, Scheduler.from_config(view, config), now)
+    return view, build_status(view, Scheduler.from_config(view, config), now)
+
+
+def collect(items: Any, config: Config, now: float) -> ClusterStatus:
+    """The status of nodes and pods given as v1 mappings, decided by the extender's own code."""
+    return build(items, config, now)[1]
+
+
+def advise(view: ClusterView, st: ClusterStatus, config: Config, now: float, *, url: str | None, window_s: float,
+           headroom: float) -> ClusterAdvice:
+    """Right-sizing advice from the per-pod series in Prometheus, or why it is unavailable."""
+    from gpuslice.advice import advise_cluster
+    from gpuslice_cli.advice import PrometheusError, fetch_peaks
+
+    if not url:
+        return unavailable("no --prometheus-url given: advice needs the device plugins' per-pod series")
+    try:
+        peaks = fetch_peaks(url, window_s, now)
+    except PrometheusError as err:
+        return unavailable(f"{url}: {err}")
+    floors: dict[str, float | None] = {}
+    for uid in {h.uid for n in st.nodes for g in n.gpus for u in g.units for h in u.holders}:
+        info = view.pod(uid)
+        req = info.request if info is not None else None
+        floors[uid] = float(req.memory_mib) if req is not None and req.memory_mib is not None else None
+    return advise_cluster(st, peaks, floors, window_s=window_s, headroom=headroom, tolerance=config.memory_tolerance,
+                          mps_limits=config.mps_limits, min_coverage=DEFAULT_MIN_COVERAGE)
 
 
 # --------------------------------------------------------------------------- printing
@@ -123,14 +166,18 @@ def _pods(u: UnitStatus) -> str:
                     for h in u.holders)
 
 
-def render(st: ClusterStatus, output: str = "table") -> str:
-    """The status as text: kubectl-style tables (``table``/``wide``), JSON or YAML."""
-    if output == "json":
-        return json.dumps(st.to_dict(), indent=2, sort_keys=False)
-    if output == "yaml":
+def render(st: ClusterStatus, output: str = "table", advice: ClusterAdvice | None = None) -> str:
+    """The status as text: kubectl-style tables (``table``/``wide``), JSON or YAML; with ``advice``,
+    its table (or its ``advice`` key)."""
+    if output in ("json", "yaml"):
+        data = st.to_dict()
+        if advice is not None:
+            data["advice"] = asdict(advice)
+        if output == "json":
+            return json.dumps(data, indent=2, sort_keys=False)
         import yaml
 
-        return str(yaml.safe_dump(st.to_dict(), sort_keys=False))
+        return str(yaml.safe_dump(data, sort_keys=False))
     wide = output == "wide"
     parts: list[str] = []
     headers = ["node", "gpu", "product", "mode", "instance", "slices", "free", "stranded", "pods"]
@@ -167,7 +214,40 @@ def render(st: ClusterStatus, output: str = "table") -> str:
                            [[d.pod, d.node, ",".join(d.assigned), ",".join(d.allocated)] for d in st.disagreements]))
     if st.problems:
         parts.append(table(["problem"], [[p] for p in st.problems]))
+    if advice is not None:
+        parts.append(render_advice(advice, wide))
     return "\n\n".join(parts)
+
+
+def render_advice(advice: ClusterAdvice, wide: bool = False) -> str:
+    """The advice table (advised pods; ``wide``: every pod with why) and one line of totals."""
+    if not advice.available:
+        return f"Right-sizing advice unavailable: {advice.why}"
+    window = duration(advice.window_s)
+    shown = advice.pods if wide else advice.advised
+    lines = []
+    if shown:
+        rows = []
+        for p in shown:
+            now = f"{p.slices} ({p.profile})" if p.profile else str(p.slices)
+            peak = "-" if p.peak_memory_mib is None else format_mib(p.peak_memory_mib)
+            act = "-" if p.peak_activity is None else f"{p.peak_activity:.0%}"
+            rows.append([p.pod, p.node, p.mode, now, format_mib(p.memory_mib), peak, act,
+                         p.advice.why if wide or not p.advice.advised else _advised(p.advice.slices, p.advice.profile,
+                                                                                   p.advice.frees, p.advice.floor_mib)])
+        lines.append(table(["pod", "node", "mode", "slices", "memory", "peak memory", "peak activity",
+                            "advice"], rows))
+    freed = ", ".join(f"{f.slices} {f.mode} slice{'s' if f.slices != 1 else ''} of {f.product} ({f.gpus:g} GPU)"
+                      for f in advice.freed)
+    lines.append(f"{len(advice.advised)} of {len(advice.pods)} pods holding slices fit a smaller slice over the last "
+                 f"{window} with {advice.headroom:.0%} headroom"
+                 + (f"; resized, they would free {freed}" if freed else ""))
+    return "\n".join(lines)
+
+
+def _advised(slices: int, profile: str, frees: int, floor_mib: int) -> str:
+    text = f"{slices} slice{'s' if slices > 1 else ''}" + (f" ({profile})" if profile else "") + f", frees {frees}"
+    return text + (f"; example.com/gpu-memory: {floor_mib}Mi" if floor_mib else "")
 
 
 def _short(p: PendingPod) -> str:
@@ -181,13 +261,25 @@ def _short(p: PendingPod) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpuslice_cli.advice import parse_window
+
     try:
+        url = getattr(args, "prometheus_url", None)
+        if url and not url.startswith(("http://", "https://")):
+            raise StatusError(f"--prometheus-url must start with http:// or https://, got {url!r}")
+        window_s = parse_window(getattr(args, "window", "1h"))
+        headroom = float(getattr(args, "headroom", DEFAULT_HEADROOM))
+        if not 0 <= headroom <= 10:
+            raise StatusError(f"--headroom must be a ratio between 0 and 10 (0.2 = 20 %), got {headroom}")
         config = _config(args.config)
         now = time.time()
         items: Any = _file_items(args.cluster) if args.cluster else live_items(args.kubeconfig)
-        st = collect(items, config, now)
+        view, st = build(items, config, now)
+        advice = advise(view, st, config, now, url=url, window_s=window_s, headroom=headroom)
     except GpuSliceError as err:
         print(f"gpu-slice status: {err}", file=sys.stderr)
         return 2
-    print(render(st, args.output))
+    if url and not advice.available:
+        print(f"gpu-slice status: right-sizing advice unavailable: {advice.why}", file=sys.stderr)
+    print(render(st, args.output, advice))
     return 0
