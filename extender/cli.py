@@ -189,6 +189,9 @@ class Service:
                                 lease_name=lease)
             self.informer = Informer(api, self.ext, on_relist_metric=self.metrics.relisted,
                                      on_error_metric=self.metrics.watch_error, transform=self.ext.transform)
+        from extender.status_gauges import StatusGauges
+
+        self.metrics.registry.register(StatusGauges(self.ext))  # stranded slices, Pending pods by reason
         self._generation = self.fence.generation
         self._ticket: int | None = None
         self.signals: Any = None

@@ -30,7 +30,7 @@ from numpy.typing import NDArray
 from gpuslice.counting import Claim
 from gpuslice.errors import GpuSliceError
 from gpuslice.model import Gpu
-from gpuslice.packing.state import Fit, PackRequest
+from gpuslice.packing.state import KIND_MIG, KIND_MPS, KIND_WHOLE, Fit, PackRequest
 from gpuslice.pods import PodInfo
 from gpuslice.preemption import victims_on
 from gpuslice.reasons import explain
@@ -40,6 +40,12 @@ from gpuslice.units import format_mib
 from gpuslice.view import ClusterView
 
 STATUS_VERSION = "gpu-slice.example.com/v1"
+
+#: Why a slice pod is Pending, in one word: its request cannot be read (``invalid``), the extender
+#: holds a placement for it until kube-scheduler binds (``reserved``), it fits now and kube-scheduler
+#: has not placed it yet (``fits``), no node advertises slices (``no-nodes``), or every node refuses
+#: it (``refused``: the node reasons say why).
+CAUSES = ("invalid", "reserved", "fits", "no-nodes", "refused")
 
 #: How many refused nodes an eviction search tries per Pending pod shape, as kube-scheduler's
 #: preemption does (DefaultPreemption's minCandidateNodesAbsolute 100 and minCandidateNodesPercentage
@@ -138,6 +144,7 @@ class PendingPod:
     reason: str  # one line: the most common node reason, or the pod's own error
     reasons: dict[str, int]  # node reason -> how many nodes give it
     suggestions: tuple[Suggestion, ...]
+    cause: str = ""  # one of CAUSES: why it is Pending, in one word
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +181,46 @@ class ClusterStatus:
 def _shape(req: PackRequest) -> PackRequest:
     """A request as a shape: the owner-spread rule and identity do not belong to it."""
     return replace(req, owner="", uid="")
+
+
+Packed = tuple[PodInfo, PackRequest | None, PackRequest | None]  # a pod, its request, its shape
+
+
+def _shapes_and_pending(view: ClusterView, sched: Scheduler, cache: dict[str, Packed] | None = None
+                        ) -> tuple[dict[PackRequest, None], list[tuple[PodInfo, PackRequest | None]]]:
+    """The distinct shapes of the cluster's slice pods (what stranded is judged against), and its
+    Pending slice pods with their requests (None: it cannot be met as written). ``cache`` (pod UID ->
+    its last projection, request and shape) is replaced in place: a pod whose projection is the same
+    object as last time is not packed again."""
+    s = view.settings.slices_per_gpu
+    pending_info = []
+    shapes: dict[PackRequest, None] = {}
+    fresh: dict[str, Packed] = {}
+    for p in view.pods.values():
+        info = p.info
+        if info.terminal or (info.request is None and not info.error):
+            continue
+        hit = cache.get(info.uid) if cache is not None else None
+        if hit is not None and hit[0] is info:
+            req, shape = hit[1], hit[2]
+        else:
+            req = None
+            if not info.error:
+                try:
+                    req = info.pack(s, owner_spread=sched.owner_spread)
+                except GpuSliceError:
+                    req = None
+            shape = _shape(req) if req is not None else None
+        if cache is not None:
+            fresh[info.uid] = (info, req, shape)
+        if shape is not None:
+            shapes.setdefault(shape, None)
+        if not info.node and p.claim is None:
+            pending_info.append((info, req))
+    if cache is not None:
+        cache.clear()
+        cache.update(fresh)
+    return shapes, pending_info
 
 
 def _usable_by(view: ClusterView, shapes: Iterable[PackRequest]) -> NDArray[np.bool_]:
@@ -261,23 +308,7 @@ def build_status(view: ClusterView, sched: Scheduler, now: float, *,
     own sample, ``EVICTION_NODES`` or 10 % of the nodes); Pending pods of one shape and priority share
     one search, as nothing changes between them."""
     view.expire(now)
-    s = view.settings.slices_per_gpu
-    pending_info = []
-    shapes: dict[PackRequest, None] = {}
-    for p in view.pods.values():
-        info = p.info
-        if info.terminal or (info.request is None and not info.error):
-            continue
-        req: PackRequest | None = None
-        if not info.error:
-            try:
-                req = info.pack(s, owner_spread=sched.owner_spread)
-            except GpuSliceError:
-                req = None
-        if req is not None:
-            shapes.setdefault(_shape(req), None)
-        if not info.node and p.claim is None:
-            pending_info.append((info, req))
+    shapes, pending_info = _shapes_and_pending(view, sched)
     usable_by = _usable_by(view, shapes)
     nodes: list[NodeStatus] = []
     disagreements: list[Disagreement] = []
@@ -320,6 +351,58 @@ def build_status(view: ClusterView, sched: Scheduler, now: float, *,
     return ClusterStatus(when, cap, tuple(nodes), tuple(pending), tuple(disagreements), tuple(view.problems()))
 
 
+# --------------------------------------------------------------------------- the cheap summary
+
+_KIND_NAMES = {KIND_MPS: "mps", KIND_WHOLE: "whole", KIND_MIG: "mig"}
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """What gauges need of the status, without its per-GPU rows or suggestions: stranded slices by
+    (product, mode), exactly as :func:`build_status` counts them, and each Pending slice pod's cause
+    (``CAUSES``) with, when every node refuses it, the most common node reason."""
+
+    stranded: dict[tuple[str, str], int]
+    pending: tuple[tuple[str, str], ...]
+    shapes: int
+
+
+class Summarizer:
+    """Builds :class:`Summary` over a view, cheaply enough for every metrics scrape: the stranded test
+    and the Pending reasons are :func:`build_status`'s own (:func:`_usable_by`, :func:`_why`), each
+    pod is packed again only when its projection changed, and Pending pods of one request share one
+    reason."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Packed] = {}
+
+    def summary(self, view: ClusterView, sched: Scheduler, now: float) -> Summary:
+        view.expire(now)
+        shapes, pending_info = _shapes_and_pending(view, sched, self._cache)
+        st = view.state
+        stranded: Counter[tuple[str, str]] = Counter()
+        if shapes:
+            usable_by = _usable_by(view, shapes)
+            live = st.node_units[: st.n_nodes][st.node_alive[: st.n_nodes]]
+            rows = live[live >= 0]
+            rows = rows[st.unit_usable[rows] & (st.unit_free[rows] > 0) & ~usable_by[rows]]
+            for row in rows.tolist():
+                key = (st.products[int(st.node_product[st.unit_node[row]])], _KIND_NAMES[int(st.unit_kind[row])])
+                stranded[key] += int(st.unit_free[row])
+        memo: dict[PackRequest, tuple[str, str]] = {}
+        pending: list[tuple[str, str]] = []
+        for info, req in pending_info:
+            if req is None or view.reservations.get(info.uid) is not None:
+                pending.append((_why(view, info, req).cause, ""))
+                continue
+            same = replace(req, uid="")
+            if same not in memo:
+                why = _why(view, info, req)
+                memo[same] = (why.cause, next(iter(why.counts)) if why.cause == "refused" else "")
+            pending.append(memo[same])
+        return Summary(dict(stranded), tuple(pending), len(shapes))
+
+
 # --------------------------------------------------------------------------- Pending pods
 
 class _Search:
@@ -340,21 +423,27 @@ class _Search:
         return self.found[key]
 
 
-def _pending(view: ClusterView, info: PodInfo, req: PackRequest | None, now: float, search: _Search, *,
-             suggest: bool) -> PendingPod:
-    request = info.request
-    slices = request.slices if request is not None else 0
-    memory = format_mib(float(request.memory_mib)) if request is not None and request.memory_mib else ""
-    isolation = request.isolation if request is not None else ""
+@dataclass(frozen=True, slots=True)
+class _Why:
+    """Why one Pending pod waits: its cause (one of ``CAUSES``), the sentence, the node reasons and
+    their counts, and (refused) the fit and the node rows some eviction could open."""
+
+    cause: str
+    reason: str
+    counts: dict[str, int]
+    fit: Fit | None = None
+    resolvable: tuple[int, ...] = ()
+
+
+def _why(view: ClusterView, info: PodInfo, req: PackRequest | None) -> _Why:
+    """The one rule of why a Pending slice pod waits (status, the slice map and the gauges read it)."""
     if req is None:
         reason = info.error or "the pod's slice request cannot be read"
-        fix = Suggestion("fix", f"fix the pod: {reason}")
-        return PendingPod(info.label, info.uid, slices, memory, isolation, info.priority, reason, {reason: 1},
-                          (fix,))
+        return _Why("invalid", reason, {reason: 1})
     held = view.reservations.get(info.uid)
     if held is not None:
         reason = f"reserved on node {held.node} at filter; waiting for kube-scheduler's bind"
-        return PendingPod(info.label, info.uid, slices, memory, isolation, info.priority, reason, {reason: 1}, ())
+        return _Why("reserved", reason, {reason: 1})
     st = view.state
     fit = st.fit(req)
     alive = np.flatnonzero(st.node_alive[: st.n_nodes])
@@ -362,20 +451,31 @@ def _pending(view: ClusterView, info: PodInfo, req: PackRequest | None, now: flo
     if feasible.shape[0]:
         reason = (f"fits on {feasible.shape[0]} node(s) now; kube-scheduler has not placed it yet (its own checks, "
                   "such as taints, affinity or the queue's back-off, decide when)")
-        return PendingPod(info.label, info.uid, slices, memory, isolation, info.priority, reason, {reason: 1}, ())
+        return _Why("fits", reason, {reason: 1})
     if alive.shape[0] == 0:
         reason = "no node advertises GPU slices"
-        counts: dict[str, int] = {reason: 1}
-        resolvable: list[int] = []
-    else:
-        ex = explain(st, req, fit, alive.astype(np.int64))
-        counts = dict(Counter(ex.texts).most_common())
-        resolvable = [int(v) for v, hard in zip(ex.rows, ex.unresolvable, strict=True) if not hard]
-        reason = f"0/{alive.shape[0]} nodes: " + "; ".join(f"{n} x {t}" for t, n in counts.items())
+        return _Why("no-nodes", reason, {reason: 1}, fit)
+    ex = explain(st, req, fit, alive.astype(np.int64))
+    counts = dict(Counter(ex.texts).most_common())
+    resolvable = tuple(int(v) for v, hard in zip(ex.rows, ex.unresolvable, strict=True) if not hard)
+    reason = f"0/{alive.shape[0]} nodes: " + "; ".join(f"{n} x {t}" for t, n in counts.items())
+    return _Why("refused", reason, counts, fit, resolvable)
+
+
+def _pending(view: ClusterView, info: PodInfo, req: PackRequest | None, now: float, search: _Search, *,
+             suggest: bool) -> PendingPod:
+    request = info.request
+    slices = request.slices if request is not None else 0
+    memory = format_mib(float(request.memory_mib)) if request is not None and request.memory_mib else ""
+    isolation = request.isolation if request is not None else ""
+    why = _why(view, info, req)
     suggestions: tuple[Suggestion, ...] = ()
-    if suggest:
-        suggestions = tuple(_suggest(view, info, req, fit, resolvable, now, search))
-    return PendingPod(info.label, info.uid, slices, memory, isolation, info.priority, reason, counts, suggestions)
+    if why.cause == "invalid":
+        suggestions = (Suggestion("fix", f"fix the pod: {why.reason}"),)
+    elif suggest and req is not None and why.fit is not None:
+        suggestions = tuple(_suggest(view, info, req, why.fit, list(why.resolvable), now, search))
+    return PendingPod(info.label, info.uid, slices, memory, isolation, info.priority, why.reason, why.counts,
+                      suggestions, why.cause)
 
 
 def _suggest(view: ClusterView, info: PodInfo, req: PackRequest, fit: Fit, resolvable: list[int],
@@ -453,5 +553,5 @@ def _evict(view: ClusterView, info: PodInfo, req: PackRequest, resolvable: list[
                       uids=tuple(victims))
 
 
-__all__ = ["STATUS_VERSION", "Capacity", "ClusterStatus", "Disagreement", "GpuStatus", "Holder", "NodeStatus",
-           "PendingPod", "Suggestion", "UnitStatus", "build_status"]
+__all__ = ["CAUSES", "STATUS_VERSION", "Capacity", "ClusterStatus", "Disagreement", "GpuStatus", "Holder", "NodeStatus",
+           "PendingPod", "Suggestion", "Summarizer", "Summary", "UnitStatus", "build_status"]
