@@ -5,7 +5,9 @@ Pending pods that fit nowhere as they are (7-slice MIG pods: re-cut suggestions;
 any free share, at a higher priority than the running pods: eviction searches), then times
 ``gpuslice.status.build_status`` over the same ClusterView and Scheduler the extender keeps: with
 suggestions for every Pending pod (the CLI) and with the slice map's bounds (suggestions for the first
-20, 20 nodes per eviction search: how long one refresh holds the extender's lock). Prints the figures;
+20, 20 nodes per eviction search: how long one refresh holds the extender's lock), and the extender's
+gauge summary (``gpuslice.status.Summarizer``: what one scrape of its stranded and Pending gauges holds
+the lock for, the first scrape and the later ones). Prints the figures;
 ``--nodes``, ``--pending``, ``--repeat``. Run from the repository:
 ``.venv/bin/python bench/bench_status.py [--nodes 1000] [--pending 100]``.
 """
@@ -49,6 +51,7 @@ def main() -> int:
     p.add_argument("--pending", type=int, default=100)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--pods-per-node", type=int, default=60, help="fake-cluster pods per node (60: nodes full)")
+    p.add_argument("--gauges-only", action="store_true", help="time the gauge summary alone (large clusters)")
     args = p.parse_args()
     fake = generate(FakeClusterSpec(nodes=args.nodes, mode="mixed", pods_per_node=args.pods_per_node, seed=1))
     items = [*fake.document["items"], *pending(args.pending)]
@@ -59,9 +62,10 @@ def main() -> int:
     print(f"{args.nodes} nodes x 8 GPUs, {len(view.pods)} pods ({args.pending} Pending); view built in {built:.2f} s")
     from extender.slicemap import EVICTION_NODES, MAX_SUGGESTIONS
 
-    for label, limit, nodes in (("every Pending pod (gpu-slice status)", None, None),
-                                (f"the first {MAX_SUGGESTIONS}, {EVICTION_NODES} nodes each (slice map refresh)",
-                                 MAX_SUGGESTIONS, EVICTION_NODES)):
+    runs = (("every Pending pod (gpu-slice status)", None, None),
+            (f"the first {MAX_SUGGESTIONS}, {EVICTION_NODES} nodes each (slice map refresh)", MAX_SUGGESTIONS,
+             EVICTION_NODES))
+    for label, limit, nodes in () if args.gauges_only else runs:
         times = []
         for _ in range(args.repeat):
             t0 = time.perf_counter()
@@ -74,6 +78,22 @@ def main() -> int:
         print(f"  suggestions for {label}: median {statistics.median(times):.2f} s, min {min(times):.2f} s "
               f"over {args.repeat}; first suggestion kinds {dict(sorted(kinds.items()))}; "
               f"stranded {st.capacity.stranded} of {st.capacity.free} free slices")
+    # The extender's gauges (extender.status_gauges): the same stranded count and Pending reasons, no
+    # per-GPU rows or suggestions, each pod packed again only when it changed (cold: the first scrape).
+    from gpuslice.status import Summarizer
+
+    summarizer = Summarizer()
+    t0 = time.perf_counter()
+    summary = summarizer.summary(view, sched, NOW)
+    cold = time.perf_counter() - t0
+    warm = []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        summary = summarizer.summary(view, sched, NOW)
+        warm.append(time.perf_counter() - t0)
+    print(f"  gauge summary (stranded, Pending by reason): first {cold:.3f} s, then median "
+          f"{statistics.median(warm):.3f} s, min {min(warm):.3f} s over {args.repeat}; stranded "
+          f"{sum(summary.stranded.values())}, {len(summary.pending)} Pending")
     return 0
 
 

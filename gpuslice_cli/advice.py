@@ -8,8 +8,9 @@ Per pod (by its ``pod_uid`` label), at one evaluation time:
 * peak activity: the higher of ``max_over_time`` of ``gpu_slice_pod_gpu_activity_ratio`` and
   ``gpu_slice_pod_memory_bandwidth_ratio`` (MIG pods; none for MPS pods);
 * how long it has been measured: the earliest sample time of ``gpu_slice_pod_slices`` in the window
-  (a subquery over ``timestamp()``, one point per 1 % of the window), so a pod that started within
-  the window is not advised on a few quiet minutes.
+  (a subquery over ``timestamp()``, one point per 1 % of the window; a pod younger than one point has
+  been measured for 0 s), so a pod that started within the window is not advised on a few quiet
+  minutes.
 
 Every failure (Prometheus unreachable, an HTTP error, an answer that is not Prometheus') raises
 :class:`PrometheusError` naming the query; the status command then prints the status and says why
@@ -106,6 +107,7 @@ def fetch_peaks(url: str, window_s: float, at: float, *, timeout_s: float = 30.0
             http.close()
     out: dict[str, Peak] = {}
     for uid in set(memory) | set(activity) | set(first):
-        observed = max(0.0, at - first[uid]) if uid in first else None
+        # No point of the subquery yet: the pod's series are younger than one step.
+        observed = max(0.0, at - first[uid]) if uid in first else 0.0
         out[uid] = Peak(memory[uid] / _MIB if uid in memory else None, activity.get(uid), observed)
     return out

@@ -8,6 +8,7 @@ import json
 import shutil
 import socket
 import subprocess
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -31,6 +32,15 @@ def _free_port() -> int:
 @dataclass(frozen=True)
 class Prometheus:
     url: str
+
+    def answer(self, promql: str) -> dict[str, Any]:
+        """The whole answer of an instant query, an error answer (a bad query) included."""
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return dict(json.loads(resp.read()))
+        except urllib.error.HTTPError as err:
+            return dict(json.loads(err.read()))
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         """The instant query's result list ([] while Prometheus is not up yet)."""

@@ -356,8 +356,11 @@ def _exported_series() -> set[str]:
     registry = CollectorRegistry()
     PluginMetrics(registry)
     ext = ExtenderMetrics()
+    from extender.status_gauges import StatusGauges
+
     families = [*registry.collect(), *ext.registry.collect(), *SliceCollector(lambda: None).describe(),  # type: ignore[arg-type,return-value]
-                *PodSeriesCollector("n", lambda: None, dict).describe()]  # type: ignore[arg-type,return-value]
+                *PodSeriesCollector("n", lambda: None, dict).describe(),  # type: ignore[arg-type,return-value]
+                *StatusGauges(None).describe()]  # type: ignore[arg-type]
     for fam in families:
         suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
                     "summary": ("_sum", "_count")}.get(fam.type, ("",))
@@ -368,7 +371,8 @@ def _exported_series() -> set[str]:
 #: Series from elsewhere that the alerts read on purpose.
 EXTERNAL_SERIES = {"kube_pod_status_reason"}
 _PROMQL_WORDS = {"sum", "max", "min", "avg", "count", "by", "without", "rate", "increase", "histogram_quantile",
-                 "and", "or", "unless", "on", "ignoring", "vector", "le", "humanizeDuration"}
+                 "and", "or", "unless", "on", "ignoring", "vector", "le", "humanizeDuration", "max_over_time",
+                 "avg_over_time"}
 
 
 def _series_in(expr: str) -> set[str]:
@@ -401,6 +405,34 @@ def test_dashboard_reads_series_the_code_exports() -> None:
     for expr in exprs:
         series = _series_in(expr)
         assert series and series <= exported, f"{expr}: {series - exported}"
+
+
+def test_the_pod_dashboard_reads_per_pod_series_by_their_labels() -> None:
+    """The pod view (README "Monitoring"): every query reads exported series, filters only on labels the
+    per-pod series carry, and its variables list namespaces and pods from them."""
+    from deviceplugin.pod_series import POD_LABELS
+
+    exported = _exported_series()
+    (cm,) = [o for o in build("nvidia", monitoring=True)
+             if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gpu-slice-pods-dashboard"]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dash = json.loads(cm["data"]["gpu-slice-pods.json"])
+    assert dash["uid"] == "gpu-slice-pods" and len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert any("gpu_slice_pod_gpu_activity_ratio" in e for e in exprs)
+    assert any("gpu_slice_cluster_stranded_slices" in e for e in exprs)
+    assert any("gpu_slice_cluster_pending_pods" in e for e in exprs)
+    for expr in exprs:
+        series = _series_in(expr)
+        assert series and series <= exported, f"{expr}: {series - exported}"
+        for matchers in re.findall(r"gpu_slice_pod_\w+\{([^}]*)\}", expr):
+            used = set(re.findall(r"(\w+)\s*=~?", matchers))
+            assert used <= set(POD_LABELS), (expr, used)
+        for grouping in re.findall(r"by \(([^)]*)\) \((?:max_over_time\()?gpu_slice_pod_", expr):
+            assert {g.strip() for g in grouping.split(",")} <= set(POD_LABELS), expr
+    variables = {v["name"]: v for v in dash["templating"]["list"]}
+    assert variables["namespace"]["definition"] == "label_values(gpu_slice_pod_slices, namespace)"
+    assert variables["pod"]["definition"].startswith("label_values(gpu_slice_pod_slices{")
 
 
 # ---- what users copy --------------------------------------------------------------------------------

@@ -19,6 +19,13 @@ from tests.manifests.adapter import metric_name, render, rules
 from .test_app import MIG, MPS, NODE, Env, _free_port, env, inst, until  # noqa: F401  (env: the fixture)
 
 GIB = 1024**3
+DASHBOARD = Path(__file__).resolve().parents[2] / "manifests/components/monitoring/dashboards/gpu-slice-pods.json"
+
+
+def dashboard_queries() -> list[str]:
+    import json
+
+    return [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]]
 
 
 async def test_per_pod_series_reach_prometheus_and_the_adapter_and_advice_queries_answer(
@@ -69,6 +76,14 @@ async def test_per_pod_series_reach_prometheus_and_the_adapter_and_advice_querie
         assert float(ratio["llm-mps"]["value"][1]) == pytest.approx(6 * GIB / share)
         assert float(ratio["llm-mig"]["value"][1]) == pytest.approx(5 * GIB / (MIG.instances[3].memory_mib * 1024**2))
         assert list(ratio["llm-mig"]["metric"]) == ["pod"]  # grouped by the resource label alone
+
+        # the pod dashboard: every query is valid PromQL, and those of the per-pod series see both pods
+        for expr in dashboard_queries():
+            got = await asyncio.to_thread(prom.answer, expr.replace("$namespace", ".*").replace("$pod", ".*"))
+            assert got["status"] == "success", (expr, got)
+            if "gpu_slice_cluster_" not in expr and "activity" not in expr and "bandwidth" not in expr:
+                assert len(got["data"]["result"]) >= 1 if expr.startswith(("count(", "sum(")) else \
+                    len(got["data"]["result"]) == 2, (expr, got["data"]["result"])
 
         # gpu-slice status's advice queries: each pod's peaks and how long it has been measured
         import time
