@@ -186,6 +186,17 @@ def _shape(req: PackRequest) -> PackRequest:
 Packed = tuple[PodInfo, PackRequest | None, PackRequest | None]  # a pod, its request, its shape
 
 
+def _packed(info: PodInfo, slices_per_gpu: int, owner_spread: bool) -> tuple[PackRequest | None, PackRequest | None]:
+    """A slice pod's packing request (None: it cannot be met as written) and its shape."""
+    if info.error:
+        return None, None
+    try:
+        req = info.pack(slices_per_gpu, owner_spread=owner_spread)
+    except GpuSliceError:
+        return None, None
+    return req, _shape(req)
+
+
 def _shapes_and_pending(view: ClusterView, sched: Scheduler, cache: dict[str, Packed] | None = None
                         ) -> tuple[dict[PackRequest, None], list[tuple[PodInfo, PackRequest | None]]]:
     """The distinct shapes of the cluster's slice pods (what stranded is judged against), and its
@@ -204,13 +215,7 @@ def _shapes_and_pending(view: ClusterView, sched: Scheduler, cache: dict[str, Pa
         if hit is not None and hit[0] is info:
             req, shape = hit[1], hit[2]
         else:
-            req = None
-            if not info.error:
-                try:
-                    req = info.pack(s, owner_spread=sched.owner_spread)
-                except GpuSliceError:
-                    req = None
-            shape = _shape(req) if req is not None else None
+            req, shape = _packed(info, s, sched.owner_spread)
         if cache is not None:
             fresh[info.uid] = (info, req, shape)
         if shape is not None:
@@ -375,6 +380,19 @@ class Summarizer:
 
     def __init__(self) -> None:
         self._cache: dict[str, Packed] = {}
+
+    def warm(self, infos: Iterable[PodInfo], slices_per_gpu: int, owner_spread: bool) -> int:
+        """Pack the pods not packed yet as they are now (a list taken from the view; the projections are
+        immutable, so this needs no lock), so the next :meth:`summary` only looks them up. Returns how
+        many were packed."""
+        packed = 0
+        for info in infos:
+            hit = self._cache.get(info.uid)
+            if (hit is not None and hit[0] is info) or info.terminal or (info.request is None and not info.error):
+                continue
+            self._cache[info.uid] = (info, *_packed(info, slices_per_gpu, owner_spread))
+            packed += 1
+        return packed
 
     def summary(self, view: ClusterView, sched: Scheduler, now: float) -> Summary:
         view.expire(now)

@@ -40,14 +40,15 @@ class PrometheusError(GpuSliceError):
 
 
 def parse_window(text: str) -> float:
-    """Seconds of a Prometheus-style duration (``1h``, ``90m``, ``1h30m``, ``3600s``, ``2d``), at least 1 minute."""
+    """Seconds of a Prometheus-style duration (``1h``, ``90m``, ``1h30m``, ``3600s``, ``2d``), at least 10 s
+    (it should span many scrapes: an hour or a day of serving is what a slice is sized for)."""
     found = _DURATION.fullmatch(text.strip()) if text else None
     if not found or not any(found.groups()):
         raise GpuSliceError(f"--window must be a duration such as 1h, 30m or 1h30m, got {text!r}")
     days, hours, minutes, seconds = (int(g or 0) for g in found.groups())
     total = days * 86400 + hours * 3600 + minutes * 60 + seconds
-    if total < 60:
-        raise GpuSliceError(f"--window must be at least 1m (a few scrapes), got {text!r}")
+    if total < 10:
+        raise GpuSliceError(f"--window must be at least 10s (several scrapes), got {text!r}")
     return float(total)
 
 

@@ -90,3 +90,23 @@ def test_changes_are_followed_and_unchanged_pods_are_not_packed_again(monkeypatc
     after = summarizer.summary(view, sched, NOW)
     assert packed == ["q"] and sorted(c for c, _ in after.pending) == ["fits", "refused"]
     assert after.stranded == expected(build_status(view, sched, NOW))[0]
+
+
+def test_warming_outside_the_lock_leaves_the_summary_nothing_to_pack(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = generate(FakeClusterSpec(nodes=5, mode="mixed", pods_per_node=10, seed=1))
+    view = ClusterView.from_objects([*fake.document["items"], *pending(3)], FAKE_NOW)
+    sched = Scheduler.from_config(view)
+    summarizer = Summarizer()
+    infos = [p.info for p in view.pods.values()]
+    assert summarizer.warm(infos, view.settings.slices_per_gpu, sched.owner_spread) == len(infos)
+    assert summarizer.warm(infos, view.settings.slices_per_gpu, sched.owner_spread) == 0
+
+    from gpuslice import pods as pods_module
+
+    def refuse(self: Any, *args: Any, **kw: Any) -> Any:
+        raise AssertionError(f"pod {self.uid} packed again under the lock")
+
+    monkeypatch.setattr(pods_module.PodInfo, "pack", refuse)
+    got = summarizer.summary(view, sched, FAKE_NOW)
+    monkeypatch.undo()
+    assert got == Summarizer().summary(view, sched, FAKE_NOW)
