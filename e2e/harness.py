@@ -720,7 +720,9 @@ class System:
     def _write_prometheus_config(self, extender_ports: Iterable[int] = ()) -> None:
         cfg = {"global": {"scrape_interval": "2s", "evaluation_interval": "5s"},
                "scrape_configs": [
-                   {"job_name": "gpu-slice-device-plugin",
+                   # honor_labels as the monitoring component's PodMonitor: the per-pod series keep their
+                   # own pod, namespace and node labels
+                   {"job_name": "gpu-slice-device-plugin", "honor_labels": True,
                     "static_configs": [{"targets": [f"127.0.0.1:{n.metrics_port}"], "labels": {"node": n.name}}
                                        for n in self.nodes.values()]},
                    {"job_name": "gpu-slice-extender",
