@@ -186,27 +186,33 @@ def _shape(req: PackRequest) -> PackRequest:
 Packed = tuple[PodInfo, PackRequest | None, PackRequest | None]  # a pod, its request, its shape
 
 
-def _packed(info: PodInfo, slices_per_gpu: int, owner_spread: bool) -> tuple[PackRequest | None, PackRequest | None]:
-    """A slice pod's packing request (None: it cannot be met as written) and its shape."""
+def _packed(info: PodInfo, slices_per_gpu: int, owner_spread: bool, intern: dict[PackRequest, PackRequest]
+            ) -> tuple[PackRequest | None, PackRequest | None]:
+    """A slice pod's packing request (None: it cannot be met as written) and its shape, one object per
+    distinct shape (``intern``), so shapes are told apart by identity without hashing each again."""
     if info.error:
         return None, None
     try:
         req = info.pack(slices_per_gpu, owner_spread=owner_spread)
     except GpuSliceError:
         return None, None
-    return req, _shape(req)
+    shape = _shape(req)
+    return req, intern.setdefault(shape, shape)
 
 
-def _shapes_and_pending(view: ClusterView, sched: Scheduler, cache: dict[str, Packed] | None = None
+def _shapes_and_pending(view: ClusterView, sched: Scheduler, cache: dict[str, Packed] | None = None,
+                        intern: dict[PackRequest, PackRequest] | None = None
                         ) -> tuple[dict[PackRequest, None], list[tuple[PodInfo, PackRequest | None]]]:
     """The distinct shapes of the cluster's slice pods (what stranded is judged against), and its
     Pending slice pods with their requests (None: it cannot be met as written). ``cache`` (pod UID ->
-    its last projection, request and shape) is replaced in place: a pod whose projection is the same
-    object as last time is not packed again."""
+    its last projection, request and shape) is kept to the pods counted, in place: a pod whose
+    projection is the same object as last time is not packed again; its shapes were interned in
+    ``intern``."""
     s = view.settings.slices_per_gpu
+    interned: dict[PackRequest, PackRequest] = {} if intern is None else intern
     pending_info = []
-    shapes: dict[PackRequest, None] = {}
-    fresh: dict[str, Packed] = {}
+    by_id: dict[int, PackRequest] = {}
+    counted: list[str] = []
     for p in view.pods.values():
         info = p.info
         if info.terminal or (info.request is None and not info.error):
@@ -215,17 +221,19 @@ def _shapes_and_pending(view: ClusterView, sched: Scheduler, cache: dict[str, Pa
         if hit is not None and hit[0] is info:
             req, shape = hit[1], hit[2]
         else:
-            req, shape = _packed(info, s, sched.owner_spread)
-        if cache is not None:
-            fresh[info.uid] = (info, req, shape)
+            req, shape = _packed(info, s, sched.owner_spread, interned)
+            if cache is not None:
+                cache[info.uid] = (info, req, shape)
+        counted.append(info.uid)
         if shape is not None:
-            shapes.setdefault(shape, None)
+            by_id[id(shape)] = shape
         if not info.node and p.claim is None:
             pending_info.append((info, req))
-    if cache is not None:
-        cache.clear()
-        cache.update(fresh)
-    return shapes, pending_info
+    if cache is not None and len(cache) != len(counted):  # pods gone (or no longer slice pods) since
+        keep = set(counted)
+        for uid in [u for u in cache if u not in keep]:
+            del cache[uid]
+    return dict.fromkeys(by_id.values()), pending_info
 
 
 def _usable_by(view: ClusterView, shapes: Iterable[PackRequest]) -> NDArray[np.bool_]:
@@ -380,6 +388,7 @@ class Summarizer:
 
     def __init__(self) -> None:
         self._cache: dict[str, Packed] = {}
+        self._intern: dict[PackRequest, PackRequest] = {}
 
     def warm(self, infos: Iterable[PodInfo], slices_per_gpu: int, owner_spread: bool) -> int:
         """Pack the pods not packed yet as they are now (a list taken from the view; the projections are
@@ -390,13 +399,15 @@ class Summarizer:
             hit = self._cache.get(info.uid)
             if (hit is not None and hit[0] is info) or info.terminal or (info.request is None and not info.error):
                 continue
-            self._cache[info.uid] = (info, *_packed(info, slices_per_gpu, owner_spread))
+            self._cache[info.uid] = (info, *_packed(info, slices_per_gpu, owner_spread, self._intern))
             packed += 1
         return packed
 
     def summary(self, view: ClusterView, sched: Scheduler, now: float) -> Summary:
         view.expire(now)
-        shapes, pending_info = _shapes_and_pending(view, sched, self._cache)
+        shapes, pending_info = _shapes_and_pending(view, sched, self._cache, self._intern)
+        if len(self._intern) > 4 * len(shapes) + 1024:  # shapes that no pod has any more
+            self._intern = {shape: shape for _, _, shape in self._cache.values() if shape is not None}
         st = view.state
         stranded: Counter[tuple[str, str]] = Counter()
         if shapes:

@@ -90,6 +90,10 @@ def test_changes_are_followed_and_unchanged_pods_are_not_packed_again(monkeypatc
     after = summarizer.summary(view, sched, NOW)
     assert packed == ["q"] and sorted(c for c, _ in after.pending) == ["fits", "refused"]
     assert after.stranded == expected(build_status(view, sched, NOW))[0]
+    view.remove_pod("p")  # the Pending 7-slice pod and its shape leave
+    gone = summarizer.summary(view, sched, NOW)
+    assert [c for c, _ in gone.pending] == ["fits"] and set(summarizer._cache) == {"a", "b", "q"}
+    assert gone.stranded == expected(build_status(view, sched, NOW))[0] and gone.shapes == 3
 
 
 def test_warming_outside_the_lock_leaves_the_summary_nothing_to_pack(monkeypatch: pytest.MonkeyPatch) -> None:
