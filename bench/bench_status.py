@@ -98,6 +98,18 @@ def main() -> int:
         t0 = time.perf_counter()
         summary = summarizer.summary(view, sched, NOW)
         warm.append(time.perf_counter() - t0)
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    kept = Summarizer()
+    kept.warm([p.info for p in view.pods.values()], view.settings.slices_per_gpu, sched.owner_spread)
+    kept.summary(view, sched, NOW)
+    gc.collect()
+    retained, _peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    print(f"  gauge summary memory kept between scrapes (its pod cache and shapes): {retained / 2**20:.1f} MiB")
     print(f"  gauge summary (stranded, Pending by reason): first {cold:.3f} s (or {warming:.3f} s packing outside "
           f"the lock and {after_warm:.3f} s under it), then median "
           f"{statistics.median(warm):.3f} s, min {min(warm):.3f} s over {args.repeat}; stranded "

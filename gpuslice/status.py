@@ -183,7 +183,7 @@ def _shape(req: PackRequest) -> PackRequest:
     return replace(req, owner="", uid="")
 
 
-Packed = tuple[PodInfo, PackRequest | None, PackRequest | None]  # a pod, its request, its shape
+Packed = tuple[PodInfo, PackRequest | None]  # a pod's projection and its (interned) shape
 
 
 def _packed(info: PodInfo, slices_per_gpu: int, owner_spread: bool, intern: dict[PackRequest, PackRequest]
@@ -205,9 +205,9 @@ def _shapes_and_pending(view: ClusterView, sched: Scheduler, cache: dict[str, Pa
                         ) -> tuple[dict[PackRequest, None], list[tuple[PodInfo, PackRequest | None]]]:
     """The distinct shapes of the cluster's slice pods (what stranded is judged against), and its
     Pending slice pods with their requests (None: it cannot be met as written). ``cache`` (pod UID ->
-    its last projection, request and shape) is kept to the pods counted, in place: a pod whose
-    projection is the same object as last time is not packed again; its shapes were interned in
-    ``intern``."""
+    its last projection and shape) is kept to the pods counted, in place: a pod whose projection is
+    the same object as last time is not packed again, unless it is Pending; shapes are interned in
+    ``intern`` (one object per distinct shape, whatever the number of pods)."""
     s = view.settings.slices_per_gpu
     interned: dict[PackRequest, PackRequest] = {} if intern is None else intern
     pending_info = []
@@ -217,17 +217,21 @@ def _shapes_and_pending(view: ClusterView, sched: Scheduler, cache: dict[str, Pa
         info = p.info
         if info.terminal or (info.request is None and not info.error):
             continue
+        pending = not info.node and p.claim is None
         hit = cache.get(info.uid) if cache is not None else None
+        req: PackRequest | None = None
         if hit is not None and hit[0] is info:
-            req, shape = hit[1], hit[2]
+            shape = hit[1]
+            if pending:  # only a Pending pod's own request is needed again (they are few)
+                req, _ = _packed(info, s, sched.owner_spread, interned)
         else:
             req, shape = _packed(info, s, sched.owner_spread, interned)
             if cache is not None:
-                cache[info.uid] = (info, req, shape)
+                cache[info.uid] = (info, shape)
         counted.append(info.uid)
         if shape is not None:
             by_id[id(shape)] = shape
-        if not info.node and p.claim is None:
+        if pending:
             pending_info.append((info, req))
     if cache is not None and len(cache) != len(counted):  # pods gone (or no longer slice pods) since
         keep = set(counted)
@@ -399,7 +403,7 @@ class Summarizer:
             hit = self._cache.get(info.uid)
             if (hit is not None and hit[0] is info) or info.terminal or (info.request is None and not info.error):
                 continue
-            self._cache[info.uid] = (info, *_packed(info, slices_per_gpu, owner_spread, self._intern))
+            self._cache[info.uid] = (info, _packed(info, slices_per_gpu, owner_spread, self._intern)[1])
             packed += 1
         return packed
 
@@ -407,7 +411,7 @@ class Summarizer:
         view.expire(now)
         shapes, pending_info = _shapes_and_pending(view, sched, self._cache, self._intern)
         if len(self._intern) > 4 * len(shapes) + 1024:  # shapes that no pod has any more
-            self._intern = {shape: shape for _, _, shape in self._cache.values() if shape is not None}
+            self._intern = {shape: shape for _, shape in self._cache.values() if shape is not None}
         st = view.state
         stranded: Counter[tuple[str, str]] = Counter()
         if shapes:

@@ -85,10 +85,11 @@ def test_changes_are_followed_and_unchanged_pods_are_not_packed_again(monkeypatc
 
     monkeypatch.setattr(pods_module.PodInfo, "pack", counting)
     again = summarizer.summary(view, sched, NOW)
-    assert again == first and packed == []  # nothing changed: nothing packed
+    assert again == first and packed == ["p"]  # nothing changed: only the Pending pod's request is needed
+    packed.clear()
     view.upsert_pod(pod_obj("q", 1, isolation="mps"), NOW)  # fits the MPS GPU
     after = summarizer.summary(view, sched, NOW)
-    assert packed == ["q"] and sorted(c for c, _ in after.pending) == ["fits", "refused"]
+    assert sorted(packed) == ["p", "q"] and sorted(c for c, _ in after.pending) == ["fits", "refused"]
     assert after.stranded == expected(build_status(view, sched, NOW))[0]
     view.remove_pod("p")  # the Pending 7-slice pod and its shape leave
     gone = summarizer.summary(view, sched, NOW)
@@ -96,7 +97,8 @@ def test_changes_are_followed_and_unchanged_pods_are_not_packed_again(monkeypatc
     assert gone.stranded == expected(build_status(view, sched, NOW))[0] and gone.shapes == 3
 
 
-def test_warming_outside_the_lock_leaves_the_summary_nothing_to_pack(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_warming_outside_the_lock_leaves_the_summary_only_pending_pods_to_pack(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     fake = generate(FakeClusterSpec(nodes=5, mode="mixed", pods_per_node=10, seed=1))
     view = ClusterView.from_objects([*fake.document["items"], *pending(3)], FAKE_NOW)
     sched = Scheduler.from_config(view)
@@ -107,8 +109,12 @@ def test_warming_outside_the_lock_leaves_the_summary_nothing_to_pack(monkeypatch
 
     from gpuslice import pods as pods_module
 
+    real_pack = pods_module.PodInfo.pack
+
     def refuse(self: Any, *args: Any, **kw: Any) -> Any:
-        raise AssertionError(f"pod {self.uid} packed again under the lock")
+        if self.node:
+            raise AssertionError(f"running pod {self.uid} packed again under the lock")
+        return real_pack(self, *args, **kw)
 
     monkeypatch.setattr(pods_module.PodInfo, "pack", refuse)
     got = summarizer.summary(view, sched, FAKE_NOW)
