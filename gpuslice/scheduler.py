@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from gpuslice import noderules
 from gpuslice.annotations import Assignment
 from gpuslice.config import Config, default_config
 from gpuslice.counting import bind_conflicts
@@ -140,13 +141,25 @@ class FilterResult:
     error: str = ""
 
 
+#: ``BindPlan.code``: a short, fixed name per kind of refusal (metric labels, rate-limited logs).
+BIND_REFUSALS = ("fencing", "request", "no_slices", "assigned_elsewhere", "unknown_node", "node_unusable",
+                 "node_rules", "no_fit", "same_size")
+
+
 @dataclass(frozen=True, slots=True)
 class BindPlan:
-    """What ``/bind`` writes (``assignment``), or why it refuses (``refusal``; the scheduler retries)."""
+    """What ``/bind`` writes (``assignment``), or why it refuses (``refusal``, of kind ``code``, one of
+    :data:`BIND_REFUSALS`; the scheduler retries)."""
 
     assignment: Assignment | None = None
     refusal: str = ""
     already: bool = False  # the pod already carries this assignment: answer without writing
+    code: str = ""
+
+    @property
+    def usage_dependent(self) -> bool:
+        """A refusal that a fresher view of the node's pods could turn around (worth a re-read)."""
+        return self.code in ("no_fit", "same_size")
 
 
 class Scheduler:
@@ -438,24 +451,31 @@ class Scheduler:
         view = self._view()
         if not lease_held:
             return BindPlan(refusal=f"this scheduler does not hold its lease{' ' + lease if lease else ''}; "
-                                    "another replica is leading")
+                                    "another replica is leading", code="fencing")
         try:
             info, req = self.request_of(pod)
         except GpuSliceError as err:
-            return BindPlan(refusal=str(err))
+            return BindPlan(refusal=str(err), code="request")
         if req is None or info.request is None:
-            return BindPlan(refusal=f"pod {info.label} asks no slices; gpu-slice does not bind it")
+            return BindPlan(refusal=f"pod {info.label} asks no slices; gpu-slice does not bind it", code="no_slices")
         view.upsert_pod(pod, now)
         claim = view.claim(info.uid)
         if claim is not None and claim.assignment is not None:
             if claim.assignment.node == node:
                 return BindPlan(assignment=claim.assignment, already=True)
-            return BindPlan(refusal=f"pod {info.label} is already assigned to node {claim.assignment.node}")
+            return BindPlan(refusal=f"pod {info.label} is already assigned to node {claim.assignment.node}",
+                            code="assigned_elsewhere")
         node_err = view.node_error(node)
         if node_err is None:
-            return BindPlan(refusal=UNKNOWN_NODE)
+            return BindPlan(refusal=UNKNOWN_NODE, code="unknown_node")
         if node_err:
-            return BindPlan(refusal=node_err)
+            return BindPlan(refusal=node_err, code="node_unusable")
+        # Whoever called /bind: the node's taints, cordon, node selector and required affinity.
+        rules = view.node_rules(node)
+        why = noderules.refusal(pod, rules) if rules is not None else f"node {node}'s rules cannot be read"
+        if why:
+            view.release(info.uid)
+            return BindPlan(refusal=why, code="node_rules")
         held = view.reservations.get(info.uid)
         placement: Placement | None = None
         scores: dict[str, float] = {}
@@ -471,7 +491,7 @@ class Scheduler:
             ranked = self.rank(req, mask)
             if len(ranked.cands) == 0:
                 ex = explain(self.state, req, ranked.fit, np.array([v], dtype=np.int64))
-                return BindPlan(refusal=ex.texts[0] or "no fitting free placement on the node")
+                return BindPlan(refusal=ex.texts[0] or "no fitting free placement on the node", code="no_fit")
             i = int(ranked.best.index[0])
             r = self.reservation_for(req, v, ranked.cands.units[i].tolist(), now)
             view.hold(r)
@@ -492,7 +512,8 @@ class Scheduler:
                 names = ", ".join(h.pod for h in clash)
                 view.release(info.uid)  # kube-scheduler retries from filter, which reserves afresh
                 return BindPlan(refusal=f"same-size rule: {names} on {node} ask the same {info.request.slices} "
-                                        "slices and kubelet has not admitted them yet; retry after it has")
+                                        "slices and kubelet has not admitted them yet; retry after it has",
+                                code="same_size")
         view.extend(info.uid, now)
         when = datetime.fromtimestamp(now, UTC)
         return BindPlan(Assignment(info.uid, node, placement.gpus, placement.instance, placement.slice_ids,

@@ -28,6 +28,7 @@ from gpuslice.config import Config
 from gpuslice.counting import Claim, Holdings, PodProblem, settle
 from gpuslice.errors import GpuSliceError
 from gpuslice.model import Gpu, NodeInventory
+from gpuslice.noderules import NodeRules
 from gpuslice.nodes import NodeInfo, project_node
 from gpuslice.packing.build import units_of
 from gpuslice.packing.state import KIND_MPS, POD_CLASSES, ClusterState, NodeSpec, UnitSpec
@@ -132,6 +133,11 @@ class ClusterView:
         if n.info.inventory is None:
             return f"node {name} advertises no GPU slices (no inventory annotation from the device plugin)"
         return ""
+
+    def node_rules(self, name: str) -> NodeRules | None:
+        """The node's taints, cordon and labels (None when the node is unknown or unreadable)."""
+        n = self.nodes.get(name)
+        return None if n is None else n.info.rules
 
     def inventory(self, name: str) -> NodeInventory:
         """The node's inventory with ``used`` = the ids held now (pods and reservations)."""
