@@ -22,6 +22,9 @@ Obj = dict[str, Any]
 
 
 class Binder(Protocol):
+    #: Whether calls go over the network (then the HTTP layer makes them off the event loop).
+    remote: bool
+
     def read_pod(self, namespace: str, name: str) -> Obj | None: ...
 
     def node_pods(self, node: str) -> list[Obj]: ...
@@ -37,6 +40,8 @@ def _unclear(status: int | None) -> bool:
 
 class ApiBinder:
     """Binder over the API server; every call has a timeout, so ``/bind`` never hangs."""
+
+    remote = True
 
     def __init__(self, api_client: Any, *, timeout_s: float = 10.0) -> None:
         from kubernetes import client
@@ -93,6 +98,8 @@ class MemoryBinder:
     kube-scheduler asks about. A pod the file already shows bound lives on in the view's projection
     alone (kube-scheduler never binds it again), so a file of 50,000 running pods is not held twice.
     """
+
+    remote = False
 
     def __init__(self, pods: Iterable[Mapping[str, Any]] = ()) -> None:
         self._lock = threading.Lock()

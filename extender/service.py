@@ -24,7 +24,9 @@ import numpy as np
 from extender import wire
 from extender.binder import Binder, MemoryBinder, unclear
 from extender.errors import KubeApiError
+from extender.events import BindEvent, EventWriter
 from extender.lease import Fence
+from extender.logs import RateLimitedLog
 from extender.metrics import ExtenderMetrics
 from extender.signals import SignalSnapshot
 from gpuslice import annotations as ann
@@ -88,6 +90,11 @@ class Extender:
         self._learned: OrderedDict[str, None] = OrderedDict()  # UIDs the policies have observed
         self._binding: dict[str, list[Any]] = {}  # pod UID -> [lock, callers]
         self._binding_guard = threading.Lock()
+        #: Extra readiness (Service sets it): "" when ready, else why not. Checked by every verb.
+        self.gate: Callable[[], str] = lambda: ""
+        #: Where a SliceAssigned event per bind goes (None: no events, as in dry runs).
+        self.events: EventWriter | None = None
+        self._warn = RateLimitedLog(log)
         self.policy_label = re.sub(r"[^a-z0-9_]+", "_", self.sched.policy.name.lower()).strip("_")[:40] or "policy"
 
     # ----- the informer's handler -------------------------------------------------------------
@@ -135,7 +142,7 @@ class Extender:
                 self.view.replace_pods(objs, self.clock())
             self.synced.add(kind)
             self._warm()
-            if self.ready:
+            if self.synced == {"Node", "Pod"}:
                 # The listed state is long-lived: move it out of the collector's way, so a full
                 # collection does not walk tens of thousands of pod objects in the middle of a filter.
                 gc.collect()
@@ -169,7 +176,44 @@ class Extender:
 
     @property
     def ready(self) -> bool:
-        return self.synced == {"Node", "Pod"}
+        return not self.not_ready()
+
+    def not_ready(self) -> str:
+        """Why the verbs may not answer from this state now ("" when they may): not synced yet, or
+        the ``gate`` (after a change of leader, until a fresh list has caught up)."""
+        if self.synced != {"Node", "Pod"}:
+            return "cluster state not synced with the API server yet"
+        return self.gate()
+
+    def filter_needs_io(self, args: wire.ExtenderArgs) -> bool:
+        """Whether ``/filter`` for this pod reads the API server (so it must run off the event loop):
+        a pod the watched view does not hold yet, or a pod nominated after a preemption."""
+        if not self.binder.remote:
+            return False
+        uid = (args.pod.get("metadata") or {}).get("uid")
+        return uid not in self.view.pods or bool(pods.nominated_node(args.pod))
+
+    def _confirm(self, pod: Mapping[str, Any]) -> str:
+        """"" when the cluster holds ``pod``: the watched view has it, or one read of the API server
+        finds it under the same UID (then the view takes it, as the watch will). Otherwise why not:
+        nothing is learned from, reserved for or held for a pod the cluster does not hold."""
+        meta = pod.get("metadata") or {}
+        uid, ns, name = meta.get("uid"), meta.get("namespace") or "default", meta.get("name")
+        with self.lock:
+            if uid in self.view.pods:
+                return ""
+        try:
+            got = self.binder.read_pod(str(ns), str(name))
+        except KubeApiError as err:
+            return f"cannot confirm pod {ns}/{name} with the API server ({err}); gpu-slice holds nothing for it yet"
+        if got is None or (got.get("metadata") or {}).get("uid") != uid:
+            return f"pod {ns}/{name} (UID {uid}) does not exist in the API server; gpu-slice holds nothing for it"
+        with self.lock:
+            try:
+                self.view.upsert_pod(got, self.clock())
+            except GpuSliceError as err:
+                return f"pod {ns}/{name}: {err}"
+        return ""
 
     def _remember(self, uid: str) -> None:
         self._learned[uid] = None
@@ -248,10 +292,15 @@ class Extender:
 
     # ----- verbs ------------------------------------------------------------------------------------
     def filter(self, args: wire.ExtenderArgs) -> wire.FilterResult:
-        if not self.ready:
-            return wire.filter_error(args, "gpu-slice extender has not synced with the API server yet")
+        why = self.not_ready()
+        if why:
+            return wire.filter_error(args, f"gpu-slice extender is not ready: {why}")
         if isinstance(self.binder, MemoryBinder):
             self.binder.learn(args.pod)
+        why = self._confirm(args.pod)
+        if why:
+            self.metrics.decision(self.policy_label, "unschedulable")
+            return wire.filter_error(args, why)
         with self.lock:
             self._learn(args.pod)
             res = self.sched.filter(args.pod, args.candidates, self.clock())
@@ -283,7 +332,7 @@ class Extender:
         return wire.filter_result(args, res.feasible, failed=res.failed, failed_unresolvable=res.unresolvable)
 
     def prioritize(self, args: wire.ExtenderArgs) -> list[Obj]:
-        if not self.ready:
+        if self.not_ready():
             return wire.host_priority_list({n: 0 for n in args.candidates})
         with self.lock:
             scores = self.sched.prioritize(args.pod, args.candidates, self.clock())
@@ -308,42 +357,53 @@ class Extender:
                 if entry[1] == 0:
                     self._binding.pop(args.pod_uid, None)
 
+    def _refuse(self, code: str, message: str, args: wire.ExtenderBindingArgs) -> wire.BindingResult:
+        """A refused bind: counted by reason code, logged at most once a minute per code."""
+        self.metrics.bind_refused(code)
+        self._warn.warning(f"bind-{code}", "bind %s/%s to %s refused (%s): %s", args.pod_namespace, args.pod_name,
+                           args.node, code, message)
+        return wire.BindingResult(message)
+
     def _bind(self, args: wire.ExtenderBindingArgs) -> wire.BindingResult:
         ns, name, uid, node = args.pod_namespace, args.pod_name, args.pod_uid, args.node
+        why = self.not_ready()
+        if why:
+            return self._refuse("not_ready", f"gpu-slice extender is not ready: {why}", args)
         try:
             held = self.fence.check_recent(FENCE_MAX_AGE_S)
         except KubeApiError as err:
-            return wire.BindingResult(f"cannot read the scheduler's lease {self.lease_name}: {err}")
+            return self._refuse("lease_unreadable", f"cannot read the scheduler's lease {self.lease_name}: {err}",
+                                args)
         try:
             pod = self.binder.read_pod(ns, name)
             if pod is None:
-                return wire.BindingResult(f"pod {ns}/{name} no longer exists")
+                return self._refuse("pod_gone", f"pod {ns}/{name} no longer exists", args)
             if (pod.get("metadata") or {}).get("uid") != uid:
-                return wire.BindingResult(f"pod {ns}/{name} was replaced (UID {uid} is gone)")
+                return self._refuse("pod_replaced", f"pod {ns}/{name} was replaced (UID {uid} is gone)", args)
             bound_to = (pod.get("spec") or {}).get("nodeName")
             if bound_to:
                 if bound_to == node:  # the same pod bound twice: answered once
                     with self.lock:
                         self.view.upsert_pod(pod, self.clock())
                     return wire.BindingResult()
-                return wire.BindingResult(f"pod {ns}/{name} is already bound to {bound_to}")
+                return self._refuse("bound_elsewhere", f"pod {ns}/{name} is already bound to {bound_to}", args)
         except KubeApiError as err:
-            return wire.BindingResult(f"bind {ns}/{name}: {err}")
+            return self._refuse("api_error", f"bind {ns}/{name}: {err}", args)
         # The informer's view of the node decides; it is kept by the watch and by this extender's own
-        # binds. Only a refusal is checked against the API server: the node's pods are read again (the
-        # watch may be behind, e.g. kubelet admitted a pod the same-size rule waits for) and the check
-        # is made once more before the refusal is answered.
+        # binds. Only a refusal that fresher usage could turn around is checked against the API server:
+        # the node's pods are read again (the watch may be behind, e.g. kubelet admitted a pod the
+        # same-size rule waits for) and the check is made once more before the refusal is answered.
         with self.lock:
             plan = self.sched.bind_check(pod, node, self.clock(), lease_held=held, lease=self.lease_name)
-        if plan.refusal and held:
+        if plan.refusal and plan.usage_dependent:
             try:
                 self._refresh_node(node)
             except KubeApiError as err:
-                return wire.BindingResult(f"bind {ns}/{name}: {err}")
+                return self._refuse("api_error", f"bind {ns}/{name}: {err}", args)
             with self.lock:
                 plan = self.sched.bind_check(pod, node, self.clock(), lease_held=held, lease=self.lease_name)
         if plan.refusal:
-            return wire.BindingResult(plan.refusal)
+            return self._refuse(plan.code, plan.refusal, args)
         assert plan.assignment is not None
         value = ann.encode_assignment(plan.assignment)
         updated: Obj = pod
@@ -355,10 +415,13 @@ class Extender:
             self.binder.bind(ns, name, uid, node)
         except KubeApiError as err:
             return self._after_failed_write(ns, name, uid, node, err)
-        # Count the pod as bound now; the watch confirms it (and is the only source in a live cluster).
+        # Count the pod as bound now, assumed until the watch confirms it: a relist or an event older
+        # than this bind does not roll it back (kube-scheduler's cache does the same).
         bound = {**updated, "spec": {**(updated.get("spec") or {}), "nodeName": node}}
         with self.lock:
-            self.view.upsert_pod(bound, self.clock())
+            self.view.assume(bound, self.clock())
+        if self.events is not None:
+            self.events.record(BindEvent(ns, name, uid, plan.assignment))
         return wire.BindingResult()
 
     def _after_failed_write(self, ns: str, name: str, uid: str, node: str, err: KubeApiError) -> wire.BindingResult:

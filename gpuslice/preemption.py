@@ -47,16 +47,10 @@ def victims_on(view: ClusterView, req: PackRequest, priority: int, name: str, no
     gpu_of = {int(r): int(st.unit_gpu_id[r]) for r in n.row_ids}
     kind = {int(r): int(st.unit_kind[r]) for r in n.row_ids}
     # Take every lower-priority pod out, ask the one fit rule, put them back.
-    stash = {uid: view.pods[uid].info for uid in lower}
-    for uid in stash:
-        view.remove_pod(uid)
-    try:
+    with view.pretend_gone(lower):
         fit = st.fit(req)
         feasible = bool(fit.feasible[v])
         rows = [int(r) for r in st.node_rows(v) if fit.unit_ok.shape[0] and fit.unit_ok[r]]
-    finally:
-        for info in stash.values():
-            view.put_pod(info, now)
     if not feasible or not rows:
         return []
     same_owner: dict[int, set[str]] = {}

@@ -123,5 +123,5 @@ def test_a_pod_whose_constraints_cannot_be_read_is_refused_with_the_field() -> N
 def test_a_malformed_node_raises_naming_the_field() -> None:
     with pytest.raises(InventoryError, match=r"spec.taints\[0\] must be an object"):
         node_rules({"metadata": {"name": "n"}, "spec": {"taints": ["x"]}})
-    with pytest.raises(InventoryError, match="spec.unschedulable must be a boolean"):
+    with pytest.raises(InventoryError, match=r"spec\.unschedulable must be a boolean"):
         node_rules({"metadata": {"name": "n"}, "spec": {"unschedulable": "yes"}})
