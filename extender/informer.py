@@ -24,6 +24,7 @@ import json
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -40,7 +41,11 @@ KINDS: tuple[Kind, ...] = ("Node", "Pod")
 
 #: ``on_relist_metric`` reasons and ``on_error_metric`` codes: short, fixed sets for metric labels.
 RELIST_REASONS = ("initial", "gone", "requested")
-ERROR_CODES = ("transport", "http_4xx", "http_5xx", "watch_error", "decode", "handler")
+ERROR_CODES = ("transport", "http_4xx", "http_5xx", "watch_error", "decode", "handler", "short_watch")
+#: A watch that ends cleanly sooner than this without delivering a change (bookmarks do not count) is
+#: not re-opened at once (client-go's reflector calls it a "very short watch"): a proxy or an
+#: overloaded API server closing every watch at once would otherwise meet a hot loop of new watches.
+MIN_WATCH_S = 1.0
 #: Finished pods hold no slices; leaving them out saves memory in clusters with many Jobs.
 DEFAULT_POD_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 
@@ -100,6 +105,10 @@ class _Aborted(Exception):
     """The stream was closed on purpose (stop or a requested relist)."""
 
 
+class _ShortWatch(Exception):
+    """The watch ended cleanly at once, having delivered nothing: back off before the next."""
+
+
 class _Stream:
     """The list+watch loop of one kind."""
 
@@ -133,6 +142,13 @@ class _Stream:
                 self._watch(backoff)
             except _Aborted:
                 continue
+            except _ShortWatch:
+                inf._count_error(self.kind, "short_watch")
+                delay = backoff.next()
+                inf._warn.warning(f"{self.kind}-short", "%s watch closed at once without events; reopening in "
+                                  "%.1fs", self.kind, delay)
+                if inf._stop.wait(delay):
+                    return
             except _Gone:
                 self.need_list, self.list_reason = True, "gone"
                 # A 410 before the watch from a fresh list delivered anything: do not spin; wait.
@@ -205,19 +221,24 @@ class _Stream:
             self.resp = resp
             aborted = inf._stop.is_set() or self.force_relist
         clean = False
+        opened = time.monotonic()
+        delivered = 0
         try:
             if aborted:
                 raise _Aborted
             for line in _lines(resp):
                 if inf._stop.is_set() or self.force_relist:
                     raise _Aborted
-                self._event(line)
+                if self._event(line) != "BOOKMARK":
+                    delivered += 1
                 if self.fresh_list:
                     self.fresh_list = False
                     backoff.reset()
             clean = True
+            if not delivered and time.monotonic() - opened < inf.min_watch_s:
+                raise _ShortWatch
             backoff.reset()
-        except _Aborted:
+        except (_Aborted, _ShortWatch):
             raise
         except Exception:
             if inf._stop.is_set() or self.force_relist:
@@ -230,7 +251,8 @@ class _Stream:
                 resp.close()
             resp.release_conn()
 
-    def _event(self, line: bytes) -> None:
+    def _event(self, line: bytes) -> str:
+        """Apply one watch line; returns its event type."""
         try:
             event = json.loads(line)
         except ValueError as exc:
@@ -252,6 +274,7 @@ class _Stream:
             log.debug("%s watch: ignoring event type %r", self.kind, type_)
         if rv:
             self.rv = rv
+        return str(type_)
 
     def abort(self) -> None:
         """Close the open watch so its thread notices stop or a requested relist at once."""
@@ -346,6 +369,7 @@ class Informer:
         self.watch_timeout_s = int(watch_timeout_s)
         self.request_timeout_s = request_timeout_s
         self.page_size = page_size
+        self.min_watch_s = min(MIN_WATCH_S, self.watch_timeout_s / 2)  # a watch's own timeout is no fault
         self._transform_fn = transform
         self._backoff_factory = backoff
         self._on_relist_metric = on_relist_metric
