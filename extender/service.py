@@ -271,10 +271,18 @@ class Extender:
             rows: list[int] = []
             values: list[float] = []
             for name, node in self.view.nodes.items():
+                if node.info.inventory is None:
+                    continue
+                # A MIG instance is matched by its GPU-instance id (dcgm-exporter's GPU_I_ID), which the
+                # plugin writes into the inventory; an instance without one has no activity signal.
+                gis = {i.uuid: i.gi for g in node.info.inventory.gpus for i in g.instances}
                 for key, row in node.keys.items():
                     gpu = st.unit_gpu[row]
-                    inst = key if key != gpu else None
-                    got = snap.activity(name, gpu, inst, now=now)
+                    if key == gpu:
+                        got = snap.activity(name, gpu, None, now=now)
+                    else:
+                        gi = gis.get(key)
+                        got = None if gi is None else snap.activity(name, gpu, gi, now=now)
                     if got is not None:
                         rows.append(row)
                         values.append(float(got[0]))

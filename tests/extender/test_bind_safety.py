@@ -9,12 +9,19 @@ from collections.abc import Callable
 
 import pytest
 
+from extender import wire
+from extender.binder import MemoryBinder
 from extender.events import REASON, api_event_writer
+from extender.service import Extender
+from extender.signals import Sample, SignalSnapshot
+from gpuslice.config import load_config
+from gpuslice.model import Gpu, MigInstance
 from tests.extender import test_service
 from tests.extender.helpers import wait_for
-from tests.extender.test_app import gpu_uuid, mps_gpu, node_obj
+from tests.extender.test_app import NOW, Clock, gpu_uuid, mps_gpu, node_obj, pod_obj
 from tests.extender.test_service import NS, Live, arrange, writes
 from tests.fakeapi import FakeApiServer
+from tests.gpuslice.test_view import mig_gpu
 
 live = test_service.live  # the Live harness's fixture
 
@@ -84,3 +91,30 @@ def test_each_bind_writes_a_slice_assigned_event_off_its_path(fake_api: FakeApiS
     assert f"node {node}" in event["message"] and f"GPU {gpu_uuid(node)}" in event["message"]
     assert ", ".join(assignment.slice_ids) in event["message"]
     assert r.ext.metrics.bind_events.labels("written")._value.get() == 1
+
+
+def test_a_busy_mig_instance_is_avoided_by_its_gpu_instance_id() -> None:
+    """DCGM activity reaches MIG instances through the inventory's gpuInstanceId (dcgm-exporter's
+    GPU_I_ID): of two idle 1g instances the one DCGM shows saturated is not chosen."""
+    gpu = mig_gpu("gpu-m", 0, [("1g.10gb", 0), ("1g.10gb", 1), ("3g.40gb", 4)])
+    insts = tuple(MigInstance(i.uuid, i.profile, i.start, i.compute_slices, i.memory_mib, gi)
+                  for i, gi in zip(gpu.instances, (9, 10, 1), strict=True))
+    gpu = Gpu(gpu.uuid, gpu.index, gpu.product, gpu.memory_mib, gpu.mode, gpu.slices, instances=insts)
+    clock = Clock()
+    ext = Extender(load_config({"version": "v1", "policies": [{"name": "utilization", "weight": 1}]}),
+                   MemoryBinder([]), clock=clock)
+    ext.load([node_obj("gpu-m", [gpu])])
+    def chosen(name: str) -> str:
+        pod = pod_obj(name, 1)
+        res = ext.filter(wire.ExtenderArgs(pod, node_names=("gpu-m",)))
+        held = ext.view.reservations.get(f"uid-{name}")
+        assert res.passing == ("gpu-m",) and held is not None
+        ext.view.release(f"uid-{name}")
+        return held.units[0][1]
+
+    first = chosen("probe")
+    busy = next(i for i in insts if i.uuid == first)
+    ext.apply_signals(SignalSnapshot(gpu={"gr_engine": {(gpu.uuid, busy.gi): (Sample(0.97, NOW - 5, "gpu-m"),)}},
+                                     max_age_s=120.0, clock=clock))
+    second = chosen("probe2")
+    assert second != first and second in {i.uuid for i in insts if i.profile == "1g.10gb"}
