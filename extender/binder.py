@@ -1,5 +1,6 @@
 """The calls ``/bind`` makes: read the pod, patch the assignment, create the Binding; read the node's pods
-only to check a refusal again (the decision itself uses the watched view).
+only to check a refusal again (the decision itself uses the watched view); evict a pod (the extender's
+own preemption).
 
 Two implementations: :class:`ApiBinder` over the Kubernetes API (the ``kubernetes`` client, raw JSON
 so no model objects are built), and :class:`MemoryBinder` for ``--cluster FILE`` dry runs, which
@@ -83,6 +84,13 @@ class ApiBinder:
         patch = {"metadata": {"uid": uid, "annotations": {ASSIGNMENT_KEY: value}}}
         pod: Obj = self._call(f"patch pod {namespace}/{name}", self.api.patch_namespaced_pod, name, namespace, patch)
         return pod
+
+    def evict(self, namespace: str, name: str, uid: str) -> None:
+        """Evict a pod through the Eviction API (``policy/v1``; the API server checks its
+        PodDisruptionBudgets: 429 when one allows no more disruptions), the pod UID a precondition."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace},
+                "deleteOptions": {"preconditions": {"uid": uid}}}
+        self._call(f"evict pod {namespace}/{name}", self.api.create_namespaced_pod_eviction, name, namespace, body)
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name, "namespace": namespace, "uid": uid},

@@ -186,6 +186,7 @@ class Service:
         from extender.informer import Informer
         from extender.lease import Fence
         from extender.metrics import ExtenderMetrics
+        from extender.preemptor import ShapePreemptor
         from extender.service import Extender
         from gpuslice.kubelist import iter_list_items
 
@@ -221,8 +222,13 @@ class Service:
             self.ext = Extender(settings.config, ApiBinder(api), fence=self.fence, metrics=self.metrics,
                                 lease_name=lease)
             self.informer = Informer(api, self.ext, on_relist_metric=self.metrics.relisted,
-                                     on_error_metric=self.metrics.watch_error, transform=self.ext.transform)
+                                     on_error_metric=self.metrics.watch_error, transform=self.ext.transform,
+                                     budgets=True)
+            self.ext.expect.add("PodDisruptionBudget")
             self.ext.events = api_event_writer(api, instance=settings.identity, on_result=self.metrics.bind_event)
+            api_binder = self.ext.binder
+            assert isinstance(api_binder, ApiBinder)
+            self.ext.shape = ShapePreemptor(self.ext, api_binder.evict, on_outcome=self.metrics.own_preemption)
         self._ticket_lock = threading.Lock()
         self._ticket: int | None = None
         self.ext.gate = self._catching_up
@@ -270,6 +276,8 @@ class Service:
             self.fence.start()
         if self.ext.events is not None:
             self.ext.events.start()
+        if self.ext.shape is not None:
+            self.ext.shape.start()
         if self.signals is not None:
             t = threading.Thread(target=self._signal_loop, name="signals", daemon=True)
             t.start()
@@ -290,6 +298,8 @@ class Service:
             self.informer.stop()
         if self.fence.enabled:
             self.fence.stop()
+        if self.ext.shape is not None:
+            self.ext.shape.stop()
         if self.ext.events is not None:
             self.ext.events.stop()
         for t in self._threads:

@@ -1,4 +1,5 @@
-"""An event of our own per bind: which node, GPU or MIG instance and slice ids a pod got.
+"""Events of our own on pods: per bind, which node, GPU or MIG instance and slice ids a pod got; per
+preemption of our own, whom it evicts.
 
 kube-scheduler records ``Scheduled`` with the node only; the assignment annotation says more but is
 not where an operator looks first (``kubectl describe pod``, ``kubectl get events``). So every
@@ -32,17 +33,15 @@ QUEUE_SIZE = 1000
 
 
 @dataclass(frozen=True, slots=True)
-class BindEvent:
+class PodEvent:
+    """One core/v1 Event about a pod."""
+
     namespace: str
     name: str
     uid: str
-    assignment: Assignment
-
-    def message(self) -> str:
-        a = self.assignment
-        where = f"MIG instance {a.instance} of GPU {a.gpus[0]}" if a.instance else (
-            f"GPU {a.gpus[0]}" if len(a.gpus) == 1 else f"GPUs {', '.join(a.gpus)}")
-        return f"gpu-slice assigned node {a.node}, {where}, slices {', '.join(a.slice_ids)}"
+    reason: str
+    message: str
+    type: str = "Normal"
 
     def body(self, instance: str, now: datetime) -> dict[str, Any]:
         """The core/v1 Event, as client-go's recorder names and fills it."""
@@ -51,14 +50,22 @@ class BindEvent:
                 "metadata": {"name": f"{self.name}.{time.time_ns():x}", "namespace": self.namespace},
                 "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": self.namespace,
                                    "name": self.name, "uid": self.uid},
-                "reason": REASON, "message": self.message(), "type": "Normal", "count": 1,
+                "reason": self.reason, "message": self.message[:1024], "type": self.type, "count": 1,
                 "firstTimestamp": stamp, "lastTimestamp": stamp,
                 "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
                 "reportingInstance": instance}
 
 
+def bind_event(namespace: str, name: str, uid: str, a: Assignment) -> PodEvent:
+    """``SliceAssigned``: the node, GPU or MIG instance and slice ids a bind gave the pod."""
+    where = f"MIG instance {a.instance} of GPU {a.gpus[0]}" if a.instance else (
+        f"GPU {a.gpus[0]}" if len(a.gpus) == 1 else f"GPUs {', '.join(a.gpus)}")
+    return PodEvent(namespace, name, uid, REASON,
+                    f"gpu-slice assigned node {a.node}, {where}, slices {', '.join(a.slice_ids)}")
+
+
 class EventWriter:
-    """Writes :class:`BindEvent` s on a daemon thread through ``create(namespace, body)`` (raises on
+    """Writes :class:`PodEvent` s on a daemon thread through ``create(namespace, body)`` (raises on
     failure). ``on_result(outcome)`` counts ``written``, ``failed`` and ``dropped``."""
 
     def __init__(self, create: Callable[[str, dict[str, Any]], None], *, instance: str = "",
@@ -66,11 +73,11 @@ class EventWriter:
         self._create = create
         self._instance = instance
         self._on_result = on_result
-        self._queue: queue.Queue[BindEvent | None] = queue.Queue(maxsize=size)
+        self._queue: queue.Queue[PodEvent | None] = queue.Queue(maxsize=size)
         self._warn = RateLimitedLog(log)
         self._thread: threading.Thread | None = None
 
-    def record(self, event: BindEvent) -> None:
+    def record(self, event: PodEvent) -> None:
         """Queue one event; never blocks."""
         try:
             self._queue.put_nowait(event)
@@ -103,7 +110,7 @@ class EventWriter:
                 self._create(event.namespace, event.body(self._instance, datetime.now(UTC)))
             except Exception as err:  # an event is worth a line, never the thread
                 self._count("failed")
-                self._warn.warning("write", "could not write the %s event of pod %s/%s: %s", REASON,
+                self._warn.warning("write", "could not write the %s event of pod %s/%s: %s", event.reason,
                                    event.namespace, event.name, err)
             else:
                 self._count("written")
@@ -123,4 +130,4 @@ def api_event_writer(api_client: Any, *, instance: str, on_result: Callable[[str
     return EventWriter(create, instance=instance, on_result=on_result)
 
 
-__all__ = ["REASON", "BindEvent", "EventWriter", "api_event_writer"]
+__all__ = ["REASON", "EventWriter", "PodEvent", "api_event_writer", "bind_event"]

@@ -35,9 +35,9 @@ from extender.logs import RateLimitedLog
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
-Kind = Literal["Node", "Pod"]
+Kind = Literal["Node", "Pod", "PodDisruptionBudget"]
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
-KINDS: tuple[Kind, ...] = ("Node", "Pod")
+KINDS: tuple[Kind, ...] = ("Node", "Pod", "PodDisruptionBudget")
 
 #: ``on_relist_metric`` reasons and ``on_error_metric`` codes: short, fixed sets for metric labels.
 RELIST_REASONS = ("initial", "gone", "requested")
@@ -361,7 +361,8 @@ class Informer:
                  transform: Callable[[Kind, Obj], Any] | None = strip_managed_fields,
                  backoff: Callable[[], Backoff] = Backoff,
                  on_relist_metric: Callable[[Kind, str], None] | None = None,
-                 on_error_metric: Callable[[Kind, str], None] | None = None) -> None:
+                 on_error_metric: Callable[[Kind, str], None] | None = None,
+                 budgets: bool = False) -> None:
         from kubernetes import client
 
         core = client.CoreV1Api(api_client)
@@ -381,14 +382,18 @@ class Informer:
         self._warn = RateLimitedLog(log)
         self._synced = threading.Event()
         self._relist_gen = 0
-        self.relists: dict[Kind, int] = dict.fromkeys(KINDS, 0)
-        self.errors: dict[Kind, int] = dict.fromkeys(KINDS, 0)
         pod_sel = {"field_selector": pod_field_selector} if pod_field_selector else {}
         node_sel = {"label_selector": node_label_selector} if node_label_selector else {}
         self._streams: dict[Kind, _Stream] = {
             "Node": _Stream(self, "Node", core.list_node, node_sel),
             "Pod": _Stream(self, "Pod", core.list_pod_for_all_namespaces, pod_sel),
         }
+        if budgets:  # PodDisruptionBudgets (policy/v1), for preemption
+            policy = client.PolicyV1Api(api_client)
+            self._streams["PodDisruptionBudget"] = _Stream(
+                self, "PodDisruptionBudget", policy.list_pod_disruption_budget_for_all_namespaces, {})
+        self.relists: dict[Kind, int] = dict.fromkeys(self._streams, 0)
+        self.errors: dict[Kind, int] = dict.fromkeys(self._streams, 0)
 
     # ---- lifecycle
 
@@ -418,7 +423,7 @@ class Informer:
 
     @property
     def synced(self) -> bool:
-        """True once both Nodes and Pods have been listed completely at least once."""
+        """True once every kind has been listed completely at least once."""
         return self._synced.is_set()
 
     def wait_synced(self, timeout: float | None = None) -> bool:

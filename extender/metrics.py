@@ -27,6 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from extender.informer import ERROR_CODES, KINDS, RELIST_REASONS
+from extender.preemptor import OUTCOMES as PREEMPTION_OUTCOMES
 from extender.signals import QUERY_ERROR_REASONS, SIGNAL_KINDS, SignalKind
 from gpuslice.scheduler import BIND_REFUSALS
 
@@ -143,6 +144,8 @@ class ExtenderMetrics:
                                      registry=r)
         self.bind_events = Counter(f"{PREFIX}_bind_events", "SliceAssigned events, by outcome (written, failed, "
                                    "dropped).", ["outcome"], registry=r)
+        self.own_preemptions = Counter(f"{PREFIX}_own_preemptions", "Preemptions the extender planned itself for "
+                                       "shape-only shortfalls, by outcome.", ["outcome"], registry=r)
         self.leader = Gauge(f"{PREFIX}_leader", "1 while this replica's scheduler holds the Lease.", registry=r)
         self.ready = Gauge(f"{PREFIX}_ready", "1 while the extender is ready to answer the scheduler.", registry=r)
         self._reason = BoundedLabel(max_reasons)
@@ -194,6 +197,10 @@ class ExtenderMetrics:
 
     def bind_refused(self, code: str) -> None:
         self.bind_refusals.labels(_fixed(code, BIND_REFUSAL_CODES)).inc()
+
+    def own_preemption(self, outcome: str) -> None:
+        """Hook for ``ShapePreemptor(on_outcome=...)``."""
+        self.own_preemptions.labels(_fixed(outcome, PREEMPTION_OUTCOMES)).inc()
 
     def bind_event(self, outcome: str) -> None:
         """Hook for ``EventWriter(on_result=...)``."""

@@ -24,10 +24,11 @@ import numpy as np
 from extender import wire
 from extender.binder import Binder, MemoryBinder, unclear
 from extender.errors import KubeApiError
-from extender.events import BindEvent, EventWriter
+from extender.events import EventWriter, bind_event
 from extender.lease import Fence
 from extender.logs import RateLimitedLog
 from extender.metrics import ExtenderMetrics
+from extender.preemptor import ShapePreemptor
 from extender.signals import SignalSnapshot
 from gpuslice import annotations as ann
 from gpuslice import nodes, pods
@@ -35,7 +36,7 @@ from gpuslice.config import Config
 from gpuslice.errors import GpuSliceError
 from gpuslice.pods import PodInfo
 from gpuslice.policies.utilization import UtilizationMemory
-from gpuslice.scheduler import Scheduler, pods_as_requests
+from gpuslice.scheduler import WAITING, Scheduler, pods_as_requests
 from gpuslice.view import ClusterView
 
 log = logging.getLogger("gpu_slice.extender")
@@ -47,6 +48,10 @@ FENCE_MAX_AGE_S = 1.0
 
 #: How many pod UIDs the extender remembers having shown to the learning policies (oldest forgotten).
 MAX_LEARNED = 1 << 16
+
+#: At most this many proposed nodes per ``/preempt`` have their pods read afresh when kube-scheduler's
+#: proposal does not free a usable shape there (the others are answered from the view or left out).
+MAX_PREEMPT_READS = 16
 
 
 def reason_code(text: str) -> str:
@@ -92,6 +97,10 @@ class Extender:
         self._binding_guard = threading.Lock()
         #: Extra readiness (Service sets it): "" when ready, else why not. Checked by every verb.
         self.gate: Callable[[], str] = lambda: ""
+        #: The kinds listed before the verbs answer (Service adds PodDisruptionBudget with its informer).
+        self.expect: set[str] = {"Node", "Pod"}
+        #: The extender's own preemption for shape-only shortfalls (None: off, as in dry runs).
+        self.shape: ShapePreemptor | None = None
         #: Where a SliceAssigned event per bind goes (None: no events, as in dry runs).
         self.events: EventWriter | None = None
         self._warn = RateLimitedLog(log)
@@ -131,18 +140,26 @@ class Extender:
                             self.view.remove_pod(uid)
                     else:
                         self.view.upsert_pod(obj, self.clock())
+                elif kind == "PodDisruptionBudget":
+                    if type == "DELETED":
+                        self.view.remove_budget(obj)
+                    else:
+                        self.view.upsert_budget(obj)
             except GpuSliceError as err:
-                log.warning("ignoring %s event: %s", kind, err)
+                self._warn.warning(f"event-{kind}", "ignoring a %s event: %s", kind, err)
 
     def on_relist(self, kind: str, objs: list[Obj | PodInfo]) -> None:
         with self.lock:
             if kind == "Node":
                 self.view.replace_nodes([o for o in objs if not isinstance(o, PodInfo)])
+            elif kind == "PodDisruptionBudget":
+                for why in self.view.replace_budgets([o for o in objs if not isinstance(o, PodInfo)]):
+                    self._warn.warning("pdb", "ignoring a PodDisruptionBudget: %s", why)
             else:
                 self.view.replace_pods(objs, self.clock())
             self.synced.add(kind)
             self._warm()
-            if self.synced == {"Node", "Pod"}:
+            if self.synced >= self.expect:
                 # The listed state is long-lived: move it out of the collector's way, so a full
                 # collection does not walk tens of thousands of pod objects in the middle of a filter.
                 gc.collect()
@@ -164,7 +181,7 @@ class Extender:
 
     def _warm(self) -> None:
         """Once both kinds have synced: the default policy learns from the pods already placed."""
-        if self.warmed or self.synced != {"Node", "Pod"}:
+        if self.warmed or not self.synced >= {"Node", "Pod"}:
             return
         placed = pods_as_requests(self.view, owner_spread=self.sched.owner_spread)
         n = self.sched.warm_start(placed)
@@ -181,7 +198,7 @@ class Extender:
     def not_ready(self) -> str:
         """Why the verbs may not answer from this state now ("" when they may): not synced yet, or
         the ``gate`` (after a change of leader, until a fresh list has caught up)."""
-        if self.synced != {"Node", "Pod"}:
+        if not self.synced >= self.expect:
             return "cluster state not synced with the API server yet"
         return self.gate()
 
@@ -305,6 +322,9 @@ class Extender:
             return wire.filter_error(args, f"gpu-slice extender is not ready: {why}")
         if isinstance(self.binder, MemoryBinder):
             self.binder.learn(args.pod)
+        uid = str((args.pod.get("metadata") or {}).get("uid") or "")
+        if self.shape is not None:
+            self.shape.saw(uid)
         why = self._confirm(args.pod)
         if why:
             self.metrics.decision(self.policy_label, "unschedulable")
@@ -326,6 +346,11 @@ class Extender:
                     res = self.sched.filter(args.pod, args.candidates, self.clock())
         with self.lock:
             self.metrics.set_reservations(len(self.view.reservations))
+        if self.shape is not None:
+            if res.feasible or res.error:
+                self.shape.placed(uid)
+            else:  # every offered node refused: kube-scheduler may not preempt for a shape (see preemptor)
+                self.shape.refused(args.pod, uid, tuple(n for n, why in res.failed.items() if why != WAITING))
         if res.error:
             self.metrics.decision(self.policy_label, "unschedulable")
             return wire.filter_error(args, res.error)
@@ -347,9 +372,35 @@ class Extender:
         return wire.host_priorities(scores)
 
     def preempt(self, args: wire.ExtenderPreemptionArgs) -> wire.PreemptionResult:
+        """kube-scheduler's ``/preempt``: per node it proposes, victims by shape and its rules, within its
+        proposal where that suffices (those pods are in its snapshot); beyond it only after reading the
+        node's pods afresh, so no pod the cluster no longer holds is named (kube-scheduler fails the
+        whole attempt for a victim it cannot find). Nodes without a set are left out."""
+        uid = str((args.pod.get("metadata") or {}).get("uid") or "")
+        if self.shape is not None:
+            self.shape.saw(uid)
+        if self.not_ready():
+            return wire.PreemptionResult({})
+        nodes = list(args.victims)
+        proposal = {n: set(v.pod_uids) for n, v in args.victims.items()}
         with self.lock:
-            found = self.sched.preempt(args.pod, list(args.victims), self.clock())
-        return wire.PreemptionResult({n: wire.Victims(tuple(uids)) for n, uids in found.items()})
+            budgets = list(self.view.budgets.values())
+            found = self.sched.preempt(args.pod, nodes, self.clock(), allowed=proposal, budgets=budgets)
+        rest = [n for n in nodes if n not in found][:MAX_PREEMPT_READS]
+        if rest and self.binder.remote:
+            for n in list(rest):
+                try:
+                    self._refresh_node(n)
+                except KubeApiError as err:
+                    self._warn.warning("preempt-read", "preempt: cannot read the pods of node %s: %s", n, err)
+                    rest.remove(n)
+        if rest:
+            with self.lock:
+                found.update(self.sched.preempt(args.pod, rest, self.clock(), budgets=budgets))
+        if self.shape is not None:
+            self.shape.kube_preempts(uid, bool(found))
+        return wire.PreemptionResult({n: wire.Victims(tuple(p.uid for p in nv.victims), nv.violations)
+                                      for n, nv in found.items()})
 
     def bind(self, args: wire.ExtenderBindingArgs) -> wire.BindingResult:
         """Fencing, the reserved placement, the same-size rule, assignment, then the Binding."""
@@ -429,7 +480,7 @@ class Extender:
         with self.lock:
             self.view.assume(bound, self.clock())
         if self.events is not None:
-            self.events.record(BindEvent(ns, name, uid, plan.assignment))
+            self.events.record(bind_event(ns, name, uid, plan.assignment))
         return wire.BindingResult()
 
     def _after_failed_write(self, ns: str, name: str, uid: str, node: str, err: KubeApiError) -> wire.BindingResult:

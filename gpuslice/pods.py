@@ -191,6 +191,18 @@ class PodInfo:
     contract: tuple[object, object]
     error: str = ""  # why the slice request could not be read ("" when fine)
     resource_version: str = ""  # the API server's version of the object: an unchanged pod is not read again
+    # Its labels as sorted (key, value) pairs, one shared tuple per distinct set (PodDisruptionBudgets
+    # select victims by them), and whether it is being deleted (``metadata.deletionTimestamp``).
+    labels: tuple[tuple[str, str], ...] = ()
+    terminating: bool = False
+
+    @property
+    def namespace(self) -> str:
+        return self.label.split("/", 1)[0]
+
+    @property
+    def name(self) -> str:
+        return self.label.split("/", 1)[1]
 
     @property
     def terminal(self) -> bool:
@@ -213,7 +225,25 @@ class PodInfo:
 
 
 _KEPT_ANNOTATIONS = frozenset({ann.ASSIGNMENT_KEY, ann.ALLOCATED_KEY, MEMORY_KEY, ISOLATION_KEY})
-_KEPT_META = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "ownerReferences")
+_KEPT_META = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "ownerReferences", "labels",
+              "deletionTimestamp")
+#: One tuple per distinct label set (the pods of one ReplicaSet share theirs); bounded, beyond which a
+#: new set is kept per pod.
+_LABEL_SETS: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
+_MAX_LABEL_SETS = 1 << 16
+
+
+def _labels(meta: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    raw = meta.get("labels")
+    if not isinstance(raw, Mapping) or not raw:
+        return ()
+    items = tuple(sorted((str(k), v) for k, v in raw.items() if isinstance(v, str)))
+    shared = _LABEL_SETS.get(items)
+    if shared is not None:
+        return shared
+    if len(_LABEL_SETS) < _MAX_LABEL_SETS:
+        _LABEL_SETS[items] = items
+    return items
 _KEPT_SPEC = ("nodeName", "nodeSelector", "priority", "overhead", "schedulerName")
 
 
@@ -298,7 +328,8 @@ def project(pod: Mapping[str, Any], *, isolation_default: Isolation = "any") -> 
         uid = assignment.pod_uid
     return PodInfo(uid, label, node, phase, priority, owner, cpu, mem, products, request,
                    created if isinstance(created, str) else "", contract, error,
-                   rv if isinstance(rv := meta.get("resourceVersion"), str) else "")
+                   rv if isinstance(rv := meta.get("resourceVersion"), str) else "", _labels(meta),
+                   meta.get("deletionTimestamp") is not None)
 
 
 def _decoded(raw: object, decode: Callable[[object], object]) -> object:

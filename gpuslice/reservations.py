@@ -30,6 +30,9 @@ class Reservation:
     memory_mib: int
     owner: str
     expires: float
+    #: Slices freed by preemption and held for the preemptor: kept across its filters until it is
+    #: placed, deleted, or the hold expires (a filter reservation is given up at the pod's next filter).
+    nominated: bool = False
 
 
 class Reservations:

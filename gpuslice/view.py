@@ -34,6 +34,7 @@ import numpy as np
 from gpuslice import ids
 from gpuslice.config import Config
 from gpuslice.counting import Claim, Holdings, PodProblem, settle
+from gpuslice.disruption import Budget, project_budget
 from gpuslice.errors import GpuSliceError, RequestError
 from gpuslice.model import Gpu, NodeInventory
 from gpuslice.noderules import NodeRules
@@ -142,6 +143,7 @@ class ClusterView:
         self._ttl = timedelta(seconds=self.settings.reservation_ttl_s)
         self.pod_errors: dict[str, str] = {}  # uid -> why the pod could not be projected
         self.assumed: dict[str, _Assumed] = {}  # our binds the cluster has not confirmed yet
+        self.budgets: dict[tuple[str, str], Budget] = {}  # PodDisruptionBudgets by (namespace, name)
 
     def _empty_state(self) -> ClusterState:
         return ClusterState([], [], slices_per_gpu=self.settings.slices_per_gpu,
@@ -548,6 +550,28 @@ class ClusterView:
                 if not s:
                     del self.by_node[name]
         return touched
+
+    # ----- disruption budgets -------------------------------------------------------------------
+    def upsert_budget(self, pdb: Mapping[str, Any]) -> None:
+        """A PodDisruptionBudget was added or changed (``RequestError`` when it cannot be read)."""
+        b = project_budget(pdb)
+        self.budgets[(b.namespace, b.name)] = b
+
+    def remove_budget(self, pdb: Mapping[str, Any]) -> None:
+        meta = pdb.get("metadata")
+        if isinstance(meta, Mapping):
+            self.budgets.pop((str(meta.get("namespace") or ""), str(meta.get("name") or "")), None)
+
+    def replace_budgets(self, pdbs: Iterable[Mapping[str, Any]]) -> list[str]:
+        """A relist of PodDisruptionBudgets; returns why any could not be read (they are left out)."""
+        self.budgets = {}
+        problems = []
+        for pdb in pdbs:
+            try:
+                self.upsert_budget(pdb)
+            except GpuSliceError as err:
+                problems.append(str(err))
+        return problems
 
     # ----- reservations and time ----------------------------------------------------------------
     def hold(self, r: Reservation) -> None:

@@ -384,7 +384,8 @@ def test_inventory_gpu_instance_id_is_optional_and_round_trips() -> None:
     mig, _ = ann.decode_inventory(text)
     assert [i.gi for i in mig.instances] == [None, 2]
     assert ann.decode_inventory(ann.encode_inventory((mig,)))[0].instances == mig.instances
-    assert '"gpuInstanceId":2' in ann.encode_inventory((mig,)) and ann.encode_inventory((mig,)).count("gpuInstance") == 1
+    text_out = ann.encode_inventory((mig,))
+    assert '"gpuInstanceId":2' in text_out and text_out.count("gpuInstance") == 1
     for bad, says in (('"gpuInstanceId": -1', "must be >= 0"), ('"gpuInstanceId": "2"', "must be an integer"),
                       ('"gpuInstanceId": true', "must be an integer")):
         with pytest.raises(AnnotationError, match=says):
