@@ -348,6 +348,8 @@ def _servers(service: Service, settings: Settings, ops_routes: Any = ()) -> list
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every Prometheus query at INFO: failures are the signal refresher's to report, rate-limited.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         settings = build_settings(args)
         service = Service(settings)

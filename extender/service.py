@@ -207,8 +207,17 @@ class Extender:
         a pod the watched view does not hold yet, or a pod nominated after a preemption."""
         if not self.binder.remote:
             return False
-        uid = (args.pod.get("metadata") or {}).get("uid")
-        return uid not in self.view.pods or bool(pods.nominated_node(args.pod))
+        uid = str((args.pod.get("metadata") or {}).get("uid") or "")
+        return uid not in self.view.pods or bool(self._nominated_node(args.pod, uid))
+
+    def _nominated_node(self, pod: Mapping[str, Any], uid: str) -> str:
+        """Where the pod preempted: kube-scheduler's ``status.nominatedNodeName``, else the node where
+        this extender's own preemption holds slices for it ("" when neither)."""
+        nominated = pods.nominated_node(pod)
+        if nominated:
+            return nominated
+        held = self.view.reservations.get(uid)
+        return held.node if held is not None and held.nominated else ""
 
     def _confirm(self, pod: Mapping[str, Any]) -> str:
         """"" when the cluster holds ``pod``: the watched view has it, or one read of the API server
@@ -332,11 +341,13 @@ class Extender:
         with self.lock:
             self._learn(args.pod)
             res = self.sched.filter(args.pod, args.candidates, self.clock())
-        nominated = pods.nominated_node(args.pod)
+        nominated = self._nominated_node(args.pod, uid)
         if nominated and nominated in res.failed:
-            # The pod preempted on that node and kube-scheduler tries it there first. Victims the
-            # API server has deleted may still be in the view (the watch is behind), and a refusal
-            # here would make kube-scheduler, which no longer sees them, preempt again elsewhere.
+            # The pod preempted on that node (kube-scheduler's nomination, or slices this extender's own
+            # preemption holds for it). Victims the API server has deleted may still be in the view (the
+            # watch is behind), and kube-scheduler retries the pod when it sees them go: a refusal then
+            # would leave the pod waiting for a next event that may not come, or make kube-scheduler,
+            # which no longer sees them, preempt again elsewhere.
             try:
                 self._refresh_node(nominated)
             except KubeApiError as err:

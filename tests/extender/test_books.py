@@ -83,3 +83,42 @@ def test_a_made_up_pod_holds_nothing(fake_api: FakeApiServer, live: Callable[...
     impostor = {**late, "metadata": {**late["metadata"], "uid": "uid-impostor"}}
     res = r.ext.filter(wire.ExtenderArgs(impostor, node_names=("gpu-a",)))
     assert res.passing == () and "uid-impostor" not in r.ext.view.reservations
+
+
+def test_a_slow_api_server_never_stalls_the_event_loop(fake_api: FakeApiServer, live: Callable[..., Live]) -> None:
+    """A filter that must read the API server (here a pod the watch has not delivered) reads it off the
+    event loop: while the read hangs, /healthz and another pod's filter are answered."""
+    import threading
+
+    import httpx
+
+    from tests.extender.test_app import _serve
+
+    arrange(fake_api, ("p", 1), ("q", 1))
+    r = live()
+    late = fake_api.store.get_pod("p", NS)
+    with r.ext.lock:
+        r.ext.view.remove_pod(late["metadata"]["uid"])  # as if the watch had not delivered it yet
+    quick = fake_api.store.get_pod("q", NS)
+    fake_api.reset_counts()
+    fake_api.hang_next("get", "/api/v1/namespaces/ml/pods/p", 3.0)  # its confirmation read hangs
+    with _serve(r.ext, 1 << 20) as url:
+        slow_done = threading.Event()
+
+        def slow() -> None:
+            body = json.dumps({"Pod": late, "NodeNames": ["gpu-a"]})
+            httpx.post(f"{url}/filter", content=body, headers={"Content-Type": "application/json"}, timeout=20)
+            slow_done.set()
+
+        worker = threading.Thread(target=slow)
+        worker.start()
+        from tests.extender.helpers import wait_for
+
+        assert wait_for(lambda: fake_api.request_count("get", "/api/v1/namespaces/ml/pods/p") >= 1)
+        assert httpx.get(f"{url}/healthz", timeout=20).status_code == 200
+        got = httpx.post(f"{url}/filter", content=json.dumps({"Pod": quick, "NodeNames": ["gpu-a"]}),
+                         headers={"Content-Type": "application/json"}, timeout=20).json()
+        assert got["NodeNames"] == ["gpu-a"]
+        assert not slow_done.is_set(), "answered only after the slow read"
+        worker.join(20)
+        assert slow_done.is_set()
