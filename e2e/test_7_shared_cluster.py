@@ -306,23 +306,20 @@ def test_kube_scheduler_preempts_where_the_victims_matter_least(system: System, 
 
 
 class _Dcgm:
-    """A dcgm-exporter stand-in on 127.0.0.1 for gpu-mig: every MIG instance idle but one, which a
-    process outside Kubernetes keeps busy. Labels as dcgm-exporter 4.8 writes them."""
+    """A dcgm-exporter stand-in on 127.0.0.1 for gpu-mig's MIG instances, as dcgm-exporter 4.8 labels
+    them: ``busy`` maps an instance to the activity a process outside Kubernetes keeps it at."""
 
-    def __init__(self, rows: list[tuple[str, int, str, float]]) -> None:
-        lines = []
-        for name in ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"):
-            lines.append(f"# TYPE {name} gauge")
-            for gpu, gi, profile, value in rows:
-                lines.append(f'{name}{{gpu="0",UUID="{gpu}",device="nvidia0",GPU_I_PROFILE="{profile}",'
-                             f'GPU_I_ID="{gi}",Hostname="gpu-mig"}} {value}')
-        body = ("\n".join(lines) + "\n").encode()
+    def __init__(self, instances: dict[str, tuple[str, int, str]]) -> None:
+        self.instances = instances
+        self.busy: dict[str, float] = {}
+        outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
                 pass
 
             def do_GET(self) -> None:
+                body = outer.render()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
@@ -332,6 +329,15 @@ class _Dcgm:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+
+    def render(self) -> bytes:
+        lines = []
+        for name in ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"):
+            lines.append(f"# TYPE {name} gauge")
+            for uuid, (gpu, gi, profile) in sorted(self.instances.items()):
+                lines.append(f'{name}{{gpu="0",UUID="{gpu}",device="nvidia0",GPU_I_PROFILE="{profile}",'
+                             f'GPU_I_ID="{gi}",Hostname="gpu-mig"}} {self.busy.get(uuid, 0.0)}')
+        return ("\n".join(lines) + "\n").encode()
 
     @property
     def target(self) -> str:
@@ -360,30 +366,36 @@ def _scrape_with(system: System, dcgm: _Dcgm | None) -> None:
 
 def test_a_busy_mig_instance_is_avoided_once_prometheus_has_its_series(system: System,
                                                                         record: dict[str, Any]) -> None:
+    """gpu-mig has three 1g instances. In turn, each is the only one left idle while DCGM shows the other
+    two saturated (a process outside Kubernetes, say): a 1-slice MIG probe lands on the idle one every
+    time (by chance: one time in 27)."""
     inv = json.loads(ann_of(system.kube.node("gpu-mig"))[INVENTORY])
     gi = {i["uuid"]: (g["uuid"], i["gpuInstanceId"], i["profile"]) for g in inv["gpus"] for i in g["instances"]}
     assert all(isinstance(v[1], int) for v in gi.values()), "the inventory names every GPU-instance id"
-    idle = place_and_remove(system, slice_pod("b-idle", 1, isolation="mig"))
-    chosen = json.loads(ann_of(idle)[ASSIGNMENT])["instance"]
-    again = place_and_remove(system, slice_pod("b-idle2", 1, isolation="mig"))
-    assert json.loads(ann_of(again)[ASSIGNMENT])["instance"] == chosen, "precondition: an idle cluster picks alike"
-    rows = [(gpu, i, profile, 0.95 if uuid == chosen else 0.0) for uuid, (gpu, i, profile) in gi.items()]
-    dcgm = _Dcgm(rows)
+    small = sorted(u for u, v in gi.items() if v[2] == "1g.10gb")
+    assert len(small) == 3, gi
+    dcgm = _Dcgm(gi)
+    landed: dict[str, str] = {}
     try:
         _scrape_with(system, dcgm)
-        query = f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{GPU_I_ID="{gi[chosen][1]}",UUID="{gi[chosen][0]}"}}'
+        for n, idle in enumerate(small):
+            dcgm.busy = {u: 0.95 for u in small if u != idle}
 
-        def scraped() -> bool:
-            status, raw = http("GET", f"{system.prometheus_url}/api/v1/query?query={query}")
-            result = json.loads(raw)["data"]["result"] if status == 200 else []
-            return len(result) == 1 and float(result[0]["value"][1]) > 0.9
-        wait("Prometheus holding the busy instance's series (and only the stand-in's)", scraped, 60)
-        time.sleep(5)  # the extender's signal refresher runs every 2 s here
-        busy = place_and_remove(system, slice_pod("b-busy", 1, isolation="mig"))
-        moved = json.loads(ann_of(busy)[ASSIGNMENT])["instance"]
-        record.update(busy_instance=chosen, gpu_instance_id=gi[chosen][1], probe_when_busy=moved)
-        assert moved != chosen, f"the probe went to the busy MIG instance {chosen}"
-        assert gi[moved][2] == gi[chosen][2], "a 1g instance all the same"
+            def scraped(idle: str = idle) -> bool:
+                for uuid in small:
+                    gpu, i, _ = gi[uuid]
+                    query = f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{GPU_I_ID="{i}",UUID="{gpu}"}}'
+                    status, raw = http("GET", f"{system.prometheus_url}/api/v1/query?query={query}")
+                    result = json.loads(raw)["data"]["result"] if status == 200 else []
+                    if len(result) != 1 or (float(result[0]["value"][1]) > 0.9) != (uuid != idle):
+                        return False
+                return True
+            wait("Prometheus holding the stand-in's series (and only those)", scraped, 60)
+            time.sleep(5)  # the extender's signal refresher runs every 2 s here
+            probe = place_and_remove(system, slice_pod(f"b-probe-{n}", 1, isolation="mig"))
+            landed[idle] = json.loads(ann_of(probe)[ASSIGNMENT])["instance"]
+        record.update(idle_then_landed=landed, gpu_instance_ids={u: gi[u][1] for u in small})
+        assert all(landed[u] == u for u in small), landed
     finally:
         _scrape_with(system, None)
         dcgm.stop()
