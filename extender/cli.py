@@ -245,8 +245,8 @@ class Service:
         """The fence saw another leader: list afresh, and the verbs wait until that list is in
         (DESIGN 4: a new leader must not decide from a cache that missed what the old one did). Runs
         on whichever thread read the Lease (the fence's poller, or a /bind)."""
-        if self.informer is None:
-            return
+        if self.informer is None or old is None or not getattr(old, "holder", None):
+            return  # the first leader (no Lease, or none held it, before): nobody else decided before it
         with self._ticket_lock:
             self._ticket = self.informer.request_relist()
         log.info("leadership changed; the verbs wait for a fresh list of nodes and pods")

@@ -328,3 +328,21 @@ def test_memory_binder_keeps_only_pods_that_may_still_be_bound() -> None:
     assert binder.read_pod("ns", "wait") == pending
     binder.bind("ns", "wait", "u2", "n1")
     assert [p["metadata"]["name"] for p in binder.node_pods("n1")] == ["wait"]
+
+
+def test_the_first_leader_after_no_lease_starts_without_a_catch_up(fake_api: FakeApiServer,
+                                                                   api_service: Service) -> None:
+    """No Lease yet, then this replica's scheduler creates it: nobody decided before it, so the verbs
+    are not held back (a relist is for a change from another leader)."""
+    for obj in small_cluster():
+        (fake_api.store.put_node if obj["kind"] == "Node" else fake_api.store.put_pod)(obj)
+    service = api_service
+    service.start()
+    assert service.informer is not None
+    assert wait_for(lambda: service.ext.not_ready() == "" and service.informer.synced)
+    assert wait_for(lambda: service.fence.holds() is False and service.fence._observed)
+    relists = dict(service.informer.relists)
+    fake_api.store.put_lease(lease(f"{ME}_0b8e2c1a-5d4f-4c3b-9a8e-7f6d5c4b3a21"))
+    assert wait_for(lambda: service.fence.holds())
+    assert service.ext.not_ready() == "" and service.fence.generation == 1
+    assert service.informer.relists == relists
