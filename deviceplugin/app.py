@@ -121,6 +121,7 @@ class DevicePluginApp:
         self._publish = asyncio.Event()
         self._published: tuple[str, dict[str, str | None]] | None = None
         self._target_messages: list[str] = []
+        self._layout_warned: set[tuple[str, ...]] = set()
         self._metrics_server: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self.failure: str | None = None  # set when a background task died: /healthz red, exit non-zero
@@ -304,14 +305,24 @@ class DevicePluginApp:
                 state.set_changing(())
             if messages != self._target_messages:
                 for line in messages:
-                    log.info("layout: %s", line)
+                    log.warning("layout: %s", line)
                 self._target_messages = messages
         gpus = await asyncio.to_thread(backend.discover)
         if state.set_gpus(gpus):
             log.info("GPU layout: %s", ", ".join(f"{g.index}:{g.product}:{g.mode}(S={g.slices})" for g in state.gpus))
+        self._warn_layouts(state.gpus)
         self._sync_health(quiet=quiet)
         if self.mps_limits is not None:  # every rediscovery: a pod that left lowers its GPU's cap
             self.mps_limits.refresh()
+
+    def _warn_layouts(self, gpus: tuple[Gpu, ...]) -> None:
+        """One warning per GPU and layout that differs from the config's static MIG layout."""
+        from deviceplugin.layouts import layout_differences
+
+        for key, message in layout_differences(self.settings.config, gpus):
+            if key not in self._layout_warned:
+                self._layout_warned.add(key)
+                log.warning("%s", message)
 
     async def _apply_targets(self, gpus: tuple[Gpu, ...], targets: dict[str, GpuTarget]) -> list[str]:
         """Change idle GPUs to their targets without racing Allocate.

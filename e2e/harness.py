@@ -685,7 +685,7 @@ class System:
                 "--address=127.0.0.1", f"--port={port}", "--ops-address=127.0.0.1", f"--ops-port={ops_port}",
                 f"--lease={LEASE_NS}/{LEASE_NAME}",
                 f"--identity={identity}", "--kubeconfig", str(sa), "--prometheus-url", self.prometheus_url,
-                "--signal-interval", "2"]
+                "--signal-interval", "2", "--slice-map=token"]
         if not self.fencing:
             argv.append("--no-fencing")
         ext = Proc(f"extender-{i}", argv, self.work / f"extender-{i}.log")

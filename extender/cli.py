@@ -63,6 +63,7 @@ class Settings:
     ops_address: str = "0.0.0.0"
     ops_port: int = DEFAULT_OPS_PORT
     tls_client_ca: str | None = None
+    slice_map: str = "off"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +100,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-key", help="private key (PEM) for --tls-cert")
     parser.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024,
                         help="largest request body accepted (default 16 MiB)")
+    parser.add_argument("--slice-map", default="off", choices=("off", "token", "loopback"),
+                        help="serve the read-only web slice map at /slicemap: token (a bearer token the API server "
+                             "reviews; RBAC get on /slicemap/*), loopback (kubectl port-forward only) or off "
+                             "(default)")
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
 
 
@@ -143,10 +148,14 @@ def build_settings(args: argparse.Namespace) -> Settings:
         raise SettingsError(f"--prometheus-url must start with http:// or https://, got {args.prometheus_url!r}")
     identity = args.identity or os.environ.get("POD_NAME") or socket.gethostname()
     fencing = not args.no_fencing and not args.cluster
+    slice_map = getattr(args, "slice_map", "off")
+    if slice_map == "token" and args.cluster:
+        raise SettingsError("--slice-map token reviews tokens with the API server; with --cluster use "
+                            "--slice-map loopback")
     return Settings(config, args.kubeconfig, Path(args.cluster) if args.cluster else None, args.address, args.port,
                     ns, name, fencing, identity, args.prometheus_url, args.signal_interval, args.signal_max_age,
                     args.tls_cert, args.tls_key, args.max_body_bytes, args.ops_address, args.ops_port,
-                    args.tls_client_ca)
+                    args.tls_client_ca, slice_map)
 
 
 def _loopback(address: str) -> bool:
@@ -193,6 +202,7 @@ class Service:
         self.settings = settings
         self.metrics = ExtenderMetrics()
         self.informer: Informer | None = None
+        self.api: Any = None  # the API client (None for a --cluster dry run)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         lease = f"{settings.lease_namespace}/{settings.lease_name}"
@@ -214,7 +224,7 @@ class Service:
                 raise SettingsError(f"--cluster {settings.cluster}: {err}") from None
             self.fence = self.ext.fence
         else:
-            api = _api_client(settings.kubeconfig)
+            api = self.api = _api_client(settings.kubeconfig)
             self.fence = Fence(api, settings.identity, namespace=settings.lease_namespace,
                                name=settings.lease_name, enabled=settings.fencing,
                                on_change=self._leader_changed,
@@ -356,7 +366,13 @@ def run(args: argparse.Namespace) -> int:
     except GpuSliceError as err:
         print(f"gpu-slice extender: {err}", file=sys.stderr)
         return 2
-    servers = _servers(service, settings)
+    ops_routes: list[Any] = []
+    if settings.slice_map != "off":
+        from extender.authgate import AuthGate
+        from extender.slicemap import routes
+
+        ops_routes = routes(service.ext, AuthGate(settings.slice_map, service.api))
+    servers = _servers(service, settings, ops_routes)
     service.start()
     scheme = "https" if settings.tls_cert else "http"
     log.info("gpu-slice extender: verbs on %s://%s:%d%s, probes and metrics on http://%s:%d (lease %s/%s, "

@@ -61,6 +61,7 @@ def reason_code(text: str) -> str:
                          ("every fitting GPU already runs", "owner_spread"), ("the GPUs that could", "cordoned"),
                          ("GPU product", "product"), ("a ", "multi_gpu"), ("pod asks", "isolation"),
                          ("no GPU here can take", "size"), ("no GPU or MIG instance", "gpu_memory"),
+                         ("no MIG instance here", "layout"), ("no MIG profile", "layout"),
                          ("node has", "node_capacity"), ("node ", "node")):
         if text.startswith(prefix):
             return code

@@ -137,6 +137,36 @@ def validate_mig_layout(product_name: str, instances: Iterable[MigInstance], *, 
         raise CatalogueError(f"{where}: instances hold more than {prod.compute_slices} compute slices")
 
 
+def place_mig_layout(product_name: str, profiles: Iterable[str], *, where: str) -> tuple[tuple[str, int], ...]:
+    """Legal memory-slice starts for a layout given by profile names (the config's ``migLayouts``),
+    largest profiles first, each at its first start that fits; ``CatalogueError`` naming the profile
+    when no placement exists (or the layout breaks a count rule of :func:`validate_mig_layout`)."""
+    prod = product(product_name)
+    names = list(profiles)
+    order = sorted(range(len(names)), key=lambda n: (-prod.profile(names[n]).memory_slices, n))
+    starts: dict[int, int] = {}
+
+    def place(k: int, used: frozenset[int]) -> bool:
+        if k == len(order):
+            return True
+        prof = prod.profile(names[order[k]])
+        for start in prof.starts:
+            covered = prof.covers(start)
+            if covered <= frozenset(range(prod.memory_slices)) and not covered & used:
+                starts[order[k]] = start
+                if place(k + 1, used | covered):
+                    return True
+        return False
+
+    if not place(0, frozenset()):
+        raise CatalogueError(f"{where}: {', '.join(names)} cannot all be placed on one {product_name} (no legal "
+                             "memory-slice starts leave room for every instance)")
+    instances = [MigInstance(f"MIG-layout-{n}", name, starts[n], prod.profile(name).compute_slices,
+                             prod.profile(name).memory_mib) for n, name in enumerate(names)]
+    validate_mig_layout(product_name, instances, where=where)
+    return tuple((name, starts[n]) for n, name in enumerate(names))
+
+
 @dataclass(frozen=True, slots=True)
 class NodeInventory:
     """One node's GPUs and which of their slice ids are in use.

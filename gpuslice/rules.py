@@ -57,6 +57,8 @@ def gpus_for(slices: int, per_gpu: int) -> tuple[int, int]:
     if slices <= per_gpu:
         return 1, slices
     if slices % per_gpu:
+        low = slices // per_gpu * per_gpu
+        # The shipped admission policy (manifests/admission) refuses the same count in the same words.
         raise RequestError(f"{slices} slices is neither at most S={per_gpu} (one GPU) nor a whole number of "
-                           f"GPUs (a multiple of {per_gpu})")
+                           f"GPUs (a multiple of {per_gpu}); did you mean {low} or {low + per_gpu}?")
     return slices // per_gpu, per_gpu

@@ -121,6 +121,13 @@ class Ranked:
     best: NodeBest
     score: F64
     secondary: F64
+    parts: Mapping[str, F64] = field(default_factory=dict)  # each policy's own score per candidate
+
+    def breakdown(self, i: int) -> dict[str, float]:
+        """Candidate ``i``'s score per policy and the combined ``total``: the assignment's ``scores``."""
+        out = {name: round(float(arr[i]), 6) for name, arr in self.parts.items()}
+        out["total"] = round(float(self.score[i]), 6)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,9 +239,9 @@ class Scheduler:
         cands = enumerate_candidates(st, req, fit, node_mask)
         if len(cands) == 0:
             return Ranked(fit, cands, best_per_node(cands, np.zeros(0)), np.zeros(0), np.zeros(0))
-        score = self.policy.score(st, req, cands, self.memory)
+        score, parts = self.policy.score_parts(st, req, cands, self.memory)
         secondary = self.policy.secondary(st, req, cands, self.memory)
-        return Ranked(fit, cands, best_per_node(cands, score, secondary), score, secondary)
+        return Ranked(fit, cands, best_per_node(cands, score, secondary), score, secondary, parts)
 
     def _token(self) -> tuple[int, int, int, object]:
         """Everything a ranking depends on besides the request: the state and what the policies know."""
@@ -257,15 +264,17 @@ class Scheduler:
     def narrowed(self, ranked: Ranked) -> NodeBest:
         return narrowed_filter(ranked.best, self.node_keys(), self.narrow)
 
-    def reservation_for(self, req: PackRequest, node: int, units: Sequence[int], now: float) -> Reservation:
-        """A reservation of ``units`` on node row ``node`` for ``req``, by stable keys (and ids in a view)."""
+    def reservation_for(self, req: PackRequest, node: int, units: Sequence[int], now: float,
+                        scores: Mapping[str, float] | None = None) -> Reservation:
+        """A reservation of ``units`` on node row ``node`` for ``req``, by stable keys (and ids in a view);
+        ``scores``: the breakdown that chose it, which the assignment carries at bind."""
         st = self.state
         keys = tuple((st.unit_gpu[u], st.unit_instance[u]) for u in units)
         sids: tuple[str, ...] = ()
         if isinstance(self.cluster, ClusterView):
             sids = self._pick_ids(st.node_names[node], units, req.slices)
         return Reservation(req.uid, st.node_names[node], keys, req.slices, sids, req.cpu_milli, req.memory_mib,
-                           req.owner, now + self.cluster.reservations.ttl_s)
+                           req.owner, now + self.cluster.reservations.ttl_s, dict(scores or {}))
 
     def _pick_ids(self, name: str, units: Sequence[int], slices: int) -> tuple[str, ...]:
         view = self.cluster
@@ -299,7 +308,7 @@ class Scheduler:
         if reserve and chosen.node.shape[0] and req.uid:
             i = int(chosen.index[0])
             self.cluster.hold(self.reservation_for(req, int(ranked.cands.node[i]), ranked.cands.units[i].tolist(),
-                                                   now))
+                                                   now, ranked.breakdown(i) if ranked.parts else None))
         # The token is read after the hold, which belongs to this pod's cycle: prioritize then gives
         # the other nodes the scores they had before it, what placing the pod there instead would
         # give (it is placed once, not twice).
@@ -516,6 +525,7 @@ class Scheduler:
         if held is not None and held.node == node and all(view.holder(node, s) in (None, info.uid)
                                                            for s in held.slice_ids):
             placement = self._placement(node, held.slice_ids)
+            scores = dict(held.scores)
         if placement is None:
             if held is not None:
                 view.release(info.uid)
@@ -527,10 +537,10 @@ class Scheduler:
                 ex = explain(self.state, req, ranked.fit, np.array([v], dtype=np.int64))
                 return BindPlan(refusal=ex.texts[0] or "no fitting free placement on the node", code="no_fit")
             i = int(ranked.best.index[0])
-            r = self.reservation_for(req, v, ranked.cands.units[i].tolist(), now)
+            scores = ranked.breakdown(i)
+            r = self.reservation_for(req, v, ranked.cands.units[i].tolist(), now, scores)
             view.hold(r)
             placement = self._placement(node, r.slice_ids)
-            scores = {self.policy.name: float(ranked.score[i])}
         assert placement is not None
         inventory = view.inventory(node)
         holdings = view.holdings(node)

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "extender": ("extender.cli", "run the kube-scheduler extender (HTTP)"),
     "device-plugin": ("deviceplugin.cli", "run the kubelet device plugin (gRPC)"),
     "fake-cluster": ("gpuslice_cli.fake_cluster", "write a v1 List of fake GPU nodes and pods"),
+    "status": ("gpuslice_cli.status", "show every GPU's slices, free and stranded capacity, and why pods are Pending"),
 }
 
 EXIT_NOT_BUILT = 3

@@ -18,6 +18,7 @@ import json
 import re
 import shlex
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 import yaml
@@ -87,7 +88,7 @@ def test_scheduler_config_matches_the_extender(overlay: str) -> None:
     from extender.service import Extender
     from gpuslice.config import default_config
 
-    objs = build(overlay)
+    objs = build(overlay, monitoring=True)
     dep, config = _scheduler(objs)
     assert config == yaml.safe_load(SCHEDULER_CONFIG.read_text()), "the ConfigMap is scheduler-config.yaml"
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
@@ -227,7 +228,7 @@ def test_daemonset_mounts_what_the_plugin_settings_use(overlay: str, tmp_path: P
     from deviceplugin import cli
     from deviceplugin.settings import build as build_settings
 
-    objs = build(overlay)
+    objs = build(overlay, monitoring=True)
     ds = one(objs, "DaemonSet", "gpu-slice-device-plugin")
     pod = ds["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -313,15 +314,20 @@ def test_rbac_is_least_privilege() -> None:
         *{("policy", "poddisruptionbudgets", v) for v in ("list", "watch")}}
     for o in objs:
         for rule in o.get("rules", []):
-            assert "*" not in rule["verbs"] and "*" not in rule["resources"], o["metadata"]["name"]
-            assert "secrets" not in rule["resources"], o["metadata"]["name"]
+            assert "*" not in rule["verbs"] and "*" not in rule.get("resources", []), o["metadata"]["name"]
+            assert "secrets" not in rule.get("resources", []), o["metadata"]["name"]
+    # The slice map's readers get one read-only path, nothing else.
+    assert one(objs, "ClusterRole", "gpu-slice-slicemap-reader")["rules"] == [
+        {"nonResourceURLs": ["/slicemap", "/slicemap/*"], "verbs": ["get"]}]
     bound = {(b["roleRef"]["name"], s["name"]) for b in objs if b["kind"] == "ClusterRoleBinding"
              for s in b["subjects"]}
     # kube-scheduler's rights go to its own account, never to the extender's, and the other way round.
     assert bound == {("gpu-slice-device-plugin", "gpu-slice-device-plugin"),
                      ("gpu-slice-extender", "gpu-slice-extender"),
                      ("system:kube-scheduler", "gpu-slice-scheduler"),
-                     ("system:volume-scheduler", "gpu-slice-scheduler")}
+                     ("system:volume-scheduler", "gpu-slice-scheduler"),
+                     # TokenReview and SubjectAccessReview for the slice map's bearer tokens (the extender's)
+                     ("system:auth-delegator", "gpu-slice-extender")}
     # Each container of the scheduler pod mounts its own account's token, and no other.
     dep = one(objs, "Deployment", "gpu-slice-scheduler")
     pod = dep["spec"]["template"]["spec"]
@@ -351,7 +357,8 @@ def test_admission_policy_names_the_service_accounts_the_pods_run_as() -> None:
     bindings = {o["spec"]["policyName"] for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"}
     assert policies == bindings == {"gpu-slice-annotations", "gpu-slice-assignments-in-bindings",
                                     "gpu-slice-services-write-only-their-annotations",
-                                    "gpu-slice-scheduled-slice-pods", "gpu-slice-device-plugin-own-node"}
+                                    "gpu-slice-scheduled-slice-pods", "gpu-slice-device-plugin-own-node",
+                                    "gpu-slice-requests"}
     # Every path a pod's annotations can be written by is matched.
     matched = {r for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
                for rule in o["spec"]["matchConstraints"]["resourceRules"] for r in rule["resources"]}
@@ -410,7 +417,7 @@ def _series_in(expr: str) -> set[str]:
 
 def test_alerts_read_series_the_code_exports() -> None:
     exported = _exported_series()
-    rule = one(build("nvidia"), "PrometheusRule", "gpu-slice")
+    rule = one(build("nvidia", monitoring=True), "PrometheusRule", "gpu-slice")
     alerts = {r["alert"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]}
     assert {"GpuSliceSignalStale", "GpuSliceSlicesUnhealthy", "GpuSlicePodAdmissionFailed",
             "GpuSliceAssignmentNotHonoured", "GpuSliceExtenderSlow"} <= alerts.keys()
@@ -422,7 +429,7 @@ def test_alerts_read_series_the_code_exports() -> None:
 
 def test_dashboard_reads_series_the_code_exports() -> None:
     exported = _exported_series()
-    objs = build("nvidia")
+    objs = build("nvidia", monitoring=True)
     (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gpu-slice-dashboard"]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     dash = json.loads(cm["data"]["gpu-slice.json"])
@@ -499,3 +506,23 @@ def test_readme_install_section() -> None:
     versions = readme.split("\n## Supported versions\n", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| Kubernetes \| (\S+) to (\S+) \|", versions, re.M)
     assert rows == [(OLDEST, NEWEST)]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_scheduler_image_follows_the_clusters_version_through_one_knob(overlay: str) -> None:
+    """Shipped at the version CI runs (the kube-scheduler in ../shared/k8s is v1.36.2); an ``images``
+    entry over the overlay moves it to an older minor, and nothing else changes."""
+    from tests.manifests.built import with_scheduler_tag
+
+    def image(objs: list[dict[str, Any]]) -> str:
+        dep = one(objs, "Deployment", "gpu-slice-scheduler")
+        (c,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "kube-scheduler"]
+        return str(c["image"])
+
+    shipped = build(overlay)
+    assert image(shipped) == "registry.k8s.io/kube-scheduler:v1.36.2"
+    moved = [dict(o) for o in with_scheduler_tag(overlay, "v1.31.4")]
+    assert image(moved) == "registry.k8s.io/kube-scheduler:v1.31.4"
+    assert len(moved) == len(shipped)
+    base = (MANIFESTS / "base" / "kustomization.yaml").read_text()
+    assert "registry.k8s.io/kube-scheduler" in base and "1.30-1.36" in base

@@ -777,3 +777,36 @@ def test_preferred_wait_flag_reaches_the_settings() -> None:
     assert settings.preferred_wait_s == 0.5 and settings.conflict_taint
     with pytest.raises(Exception, match="preferred_wait_s"):
         cli.settings_from(parser.parse_args(["--node-name", "n", "--preferred-wait-seconds", "99"]))
+
+
+async def test_a_layout_other_than_the_configs_is_warned_once_with_the_field_path(
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    """migLayouts.H100-80GB.layout says what the MIG manager lays out; the simulated GPU carries another
+    layout: one warning naming the field, none on later rediscoveries, none once the GPU matches, one
+    again when it changes away."""
+    from gpuslice.config import load_config
+
+    config = load_config({"version": "v1", "modes": {"default": "mps", "products": {"H100-80GB": "mig"}},
+                          "migLayouts": {"H100-80GB": {"layout": ["7g.80gb"], "dynamic": False}}})
+    backend = SimulatedBackend(TOPO)
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+                and "migLayouts.H100-80GB.layout" in r.getMessage() and MIG.uuid in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING, logger="deviceplugin"):
+        await env.start(backend=backend, config=config)
+        await until(lambda: len(warnings()) == 1)
+        await asyncio.sleep(1.0)  # three more rediscoveries at rediscover_s=0.3
+        (first,) = warnings()
+        assert f"GPU 0 ({MIG.uuid}, H100-80GB) carries MIG instances [1g.10gb, 1g.10gb, 2g.20gb, 3g.40gb]" in first
+        assert "says it carries [7g.80gb]" in first and "nvidia.com/mig.config" in first
+        backend.change_layout(MIG.uuid, (("7g.80gb", 0),), frozenset())
+        await asyncio.sleep(1.0)
+        assert len(warnings()) == 1
+        backend.change_layout(MIG.uuid, (("4g.40gb", 0),), frozenset())
+        await until(lambda: len(warnings()) == 2)
+        assert "carries MIG instances [4g.40gb]" in warnings()[1]
+    # The MPS H100 beside it is named too (once): the config says such GPUs carry MIG instances.
+    other = [r.getMessage() for r in caplog.records if MPS.uuid in r.getMessage()]
+    assert len(other) == 1 and "is in mps mode, not MIG" in other[0]

@@ -46,7 +46,8 @@ def test_five_slices_on_mig_refused_with_reason() -> None:
 def test_nine_slices_with_s7_refused() -> None:
     inv = NodeInventory("n", (mps(),))
     f = enumerate_placements(inv, SliceRequest(9))
-    refusal = "9 slices is neither at most S=7 (one GPU) nor a whole number of GPUs (a multiple of 7)"
+    refusal = ("9 slices is neither at most S=7 (one GPU) nor a whole number of GPUs (a multiple of 7); did you "
+               "mean 7 or 14?")
     assert f.reason() == refusal
     inv2 = NodeInventory("n", (whole("GPU-a", 0), whole("GPU-b", 1)))
     assert enumerate_placements(inv2, SliceRequest(9)).reason() == refusal

@@ -1,8 +1,10 @@
 """Both overlays against a real kube-apiserver 1.36, and the real kube-scheduler and the extender under
 the shipped service account, RBAC and profile (``../shared/k8s``; skipped where it is absent).
 
-* ``nvidia`` is applied (server-side apply, strict field validation: a field the API server does not
-  know fails); ``simulated`` is applied as a server-side dry run over it. The Prometheus operator's
+* ``nvidia`` with the opt-in monitoring component is applied (server-side apply, strict field
+  validation: a field the API server does not know fails); ``simulated`` with it is applied as a
+  server-side dry run over it (each overlay as shipped, without the component, on a cluster that has
+  no such CRDs: ``test_admission_requests.py``). The Prometheus operator's
   kinds are served by stand-in CRDs created here (group, version, kind and scope of the real ones; no
   schema: ``tests/manifests/test_schemas.py`` checks their fields).
 * kube-scheduler runs the built profile (the ConfigMap's ``scheduler-config.yaml``) with the
@@ -120,7 +122,7 @@ def test_overlays_apply_and_the_scheduler_and_extender_run_under_the_shipped_rba
     _kubectl(admin, "wait", "--for=condition=Established", "--timeout=30s",
              *[f"crd/{p}.monitoring.coreos.com" for _, p in MONITORING_CRDS])
 
-    nvidia, simulated = build("nvidia"), build("simulated")
+    nvidia, simulated = build("nvidia", monitoring=True), build("simulated", monitoring=True)
     apply = ["apply", "--server-side", "--field-manager=gpu-slice-install", "--validate=strict", "-f", "-"]
     out = _kubectl(admin, *apply, stdin=yaml.safe_dump_all(nvidia))
     assert out.count("serverside-applied") == len(nvidia), out

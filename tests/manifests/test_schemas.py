@@ -65,11 +65,14 @@ def _validate(obj: dict[str, Any], version: str) -> None:
                              f"{err.message} at {'.'.join(map(str, err.path))}") from None
 
 
+@pytest.mark.parametrize("monitoring", [False, True])
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_built_object_validates(overlay: str, version: str) -> None:
-    objs = build(overlay)
+def test_every_built_object_validates(overlay: str, version: str, monitoring: bool) -> None:
+    """Each overlay as shipped and with the opt-in monitoring component (README "Install")."""
+    objs = build(overlay, monitoring=monitoring)
     assert objs, f"{overlay} built nothing"
+    assert bool({o["kind"] for o in objs} & MONITORING_KINDS) == monitoring
     for obj in objs:
         _validate(obj, version)
 
