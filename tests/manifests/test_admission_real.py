@@ -161,7 +161,9 @@ def test_a_tenant_cannot_create_a_pre_bound_slice_pod(real: dict[str, Who]) -> N
     tenant = real["tenant"]
     says = "cannot be created with spec.nodeName set"
     tenant.refused("create", "-f", "-", stdin=slice_pod("prebound", node="gpu-1"), says=says)
-    tenant.refused("create", "-f", "-", stdin=slice_pod("prebound-init", node="gpu-1", init=True), says=says)
+    # Slices in an init container: refused by this policy and by the slice-request policy (either may answer).
+    tenant.refused("create", "-f", "-", stdin=slice_pod("prebound-init", node="gpu-1", init=True),
+                   says=(says, "only one app container may request slices"))
     tenant.ok("create", "-f", "-", stdin=slice_pod("plain-bound", node="gpu-1", slices=0))  # no slices: not ours
     tenant.ok("create", "-f", "-", stdin=slice_pod("pending"))  # scheduled by gpu-slice-scheduler: fine
     real["admin"].refused("create", "-f", "-", stdin=slice_pod("admin-prebound", node="gpu-1"), says=says)
