@@ -38,6 +38,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -284,6 +285,55 @@ class Kube:
                                                                _preload_content=False, _request_timeout=20))
 
 
+def follow_pods(core: Any, namespace: str, on_event: Callable[[str, dict[str, Any], float], None],
+                stop: threading.Event, *, clock: Callable[[], float] = time.monotonic,
+                started: threading.Event | None = None) -> None:
+    """List, then watch, the pods of ``namespace`` until ``stop``: ``on_event(type, pod, when)`` for each
+    listed pod (as ADDED) and each watch event, ``when`` by ``clock`` as the line arrived. A watch that
+    ends resumes from the last version seen; an ERROR event (410) or a failure lists again. For the
+    benchmarks' and scenarios' own clocks on what the API server shows."""
+    rv = ""
+    while not stop.is_set():
+        try:
+            if not rv:
+                resp = core.list_namespaced_pod(namespace, _preload_content=False, _request_timeout=30)
+                listed = json.loads(resp.data)
+                resp.release_conn()
+                now = clock()
+                for pod in listed["items"]:
+                    on_event("ADDED", pod, now)
+                rv = listed["metadata"]["resourceVersion"]
+            resp = core.list_namespaced_pod(namespace, watch=True, resource_version=rv, timeout_seconds=30,
+                                            allow_watch_bookmarks=True, _preload_content=False,
+                                            _request_timeout=(5, 60))
+            if started is not None:
+                started.set()
+            buf = b""
+            for chunk in resp.stream(65536):
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                now = clock()
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        rv = ""  # 410: list again
+                        break
+                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                    if event.get("type") != "BOOKMARK":
+                        on_event(str(event.get("type")), obj, now)
+                if stop.is_set() or not rv:
+                    break
+            resp.release_conn()
+        except Exception:
+            if stop.is_set():
+                return
+            rv = ""
+            time.sleep(0.2)
+
+
 def slice_pod(name: str, slices: int, *, memory: str | None = None, isolation: str | None = None,
               priority_class: str | None = None, labels: dict[str, str] | None = None,
               annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -519,9 +569,15 @@ class Replica:
 
 
 class System:
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, *, topologies: dict[str, dict[str, Any]] | None = None,
+                 controller_flags: Iterable[str] = ()) -> None:
+        """``topologies``: node name -> simulated topology (default :data:`TOPOLOGIES`; every node must
+        advertise :data:`SLICES_PER_NODE` slices); ``controller_flags``: extra kube-controller-manager
+        flags (a load run raises its API rate limits)."""
         # Unix socket paths are limited to 107 bytes: the plugin's socket lies under work/nodes/NAME/.
         self.work = work
+        self.topologies = dict(topologies if topologies is not None else TOPOLOGIES)
+        self.controller_flags = list(controller_flags)
         probe = work / "nodes" / "gpu-mig" / "device-plugins" / "gpu-slice-device-plugin-00000.sock"
         assert len(str(probe)) < 100, f"{work} is too long a path for the nodes' unix sockets"
         self.admin = self.work / "kubeconfig"
@@ -545,8 +601,9 @@ class System:
         cluster("up", str(self.work))
         self.kube = Kube(self.admin)
         self._apply_manifests()
-        cluster("controller-manager", str(self.work))
-        for name, topo in TOPOLOGIES.items():
+        extra = ["--", *self.controller_flags] if self.controller_flags else []
+        cluster("controller-manager", str(self.work), *extra)
+        for name, topo in self.topologies.items():
             self._start_node(name, topo)
         for node in self.nodes.values():
             self._wait_node_ready(node)

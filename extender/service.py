@@ -9,6 +9,7 @@ form; nothing here decides fit, reasons or scores. A lock serialises decisions w
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import re
@@ -16,7 +17,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -247,10 +248,10 @@ class Extender:
         if len(self._learned) > MAX_LEARNED:
             self._learned.popitem(last=False)
 
-    def _learn(self, pod: Mapping[str, Any]) -> None:
+    def _learn(self, pod: Mapping[str, Any] | PodInfo) -> None:
         """A pod's first filter: the learning policies observe it once before it is scored, as the
         simulator observes each arriving pod (kube-scheduler filters a pod again on every retry)."""
-        uid = (pod.get("metadata") or {}).get("uid")
+        uid = pod.uid if isinstance(pod, PodInfo) else (pod.get("metadata") or {}).get("uid")
         if not isinstance(uid, str) or not uid or uid in self._learned:
             return
         try:
@@ -339,9 +340,19 @@ class Extender:
         if why:
             self.metrics.decision(self.policy_label, "unschedulable")
             return wire.filter_error(args, why)
+        # The pod is projected once, outside the lock, for both the learning policies and the filter;
+        # one that cannot be projected goes to the filter as it came, which answers why.
+        pod: Mapping[str, Any] | PodInfo = args.pod
+        meta = args.pod.get("metadata") or {}
+        known = self.view.pod(uid)
+        if known is not None and known.resource_version and known.resource_version == meta.get("resourceVersion"):
+            pod = known  # the watch already projected this very version of the pod
+        else:
+            with contextlib.suppress(GpuSliceError):
+                pod = self.view.project(args.pod)
         with self.lock:
-            self._learn(args.pod)
-            res = self.sched.filter(args.pod, args.candidates, self.clock())
+            self._learn(pod)
+            res = self.sched.filter(pod, args.candidates, self.clock())
         nominated = self._nominated_node(args.pod, uid)
         if nominated and nominated in res.failed:
             # The pod preempted on that node (kube-scheduler's nomination, or slices this extender's own
@@ -355,7 +366,7 @@ class Extender:
                 log.warning("filter %s: cannot read the pods of its nominated node: %s", pods.pod_label(args.pod), err)
             else:
                 with self.lock:
-                    res = self.sched.filter(args.pod, args.candidates, self.clock())
+                    res = self.sched.filter(pod, args.candidates, self.clock())
         with self.lock:
             self.metrics.set_reservations(len(self.view.reservations))
         if self.shape is not None:
@@ -445,21 +456,29 @@ class Extender:
         except KubeApiError as err:
             return self._refuse("lease_unreadable", f"cannot read the scheduler's lease {self.lease_name}: {err}",
                                 args)
-        try:
-            pod = self.binder.read_pod(ns, name)
+        # The pod as the watch (plus this extender's own assumed binds) shows it; read from the API
+        # server only when the view does not hold it. The Binding's UID precondition and its "already
+        # assigned" conflict make the API server the judge of what a stale view could miss.
+        pod: Obj | PodInfo | None
+        with self.lock:
+            pod = self.view.pod(uid)
+        if pod is None or pod.label != f"{ns}/{name}":
+            try:
+                pod = self.binder.read_pod(ns, name)
+            except KubeApiError as err:
+                return self._refuse("api_error", f"bind {ns}/{name}: {err}", args)
             if pod is None:
                 return self._refuse("pod_gone", f"pod {ns}/{name} no longer exists", args)
             if (pod.get("metadata") or {}).get("uid") != uid:
                 return self._refuse("pod_replaced", f"pod {ns}/{name} was replaced (UID {uid} is gone)", args)
-            bound_to = (pod.get("spec") or {}).get("nodeName")
-            if bound_to:
-                if bound_to == node:  # the same pod bound twice: answered once
+        bound_to = pod.node if isinstance(pod, PodInfo) else str((pod.get("spec") or {}).get("nodeName") or "")
+        if bound_to:
+            if bound_to == node:  # the same pod bound twice: answered once
+                if not isinstance(pod, PodInfo):
                     with self.lock:
                         self.view.upsert_pod(pod, self.clock())
-                    return wire.BindingResult()
-                return self._refuse("bound_elsewhere", f"pod {ns}/{name} is already bound to {bound_to}", args)
-        except KubeApiError as err:
-            return self._refuse("api_error", f"bind {ns}/{name}: {err}", args)
+                return wire.BindingResult()
+            return self._refuse("bound_elsewhere", f"pod {ns}/{name} is already bound to {bound_to}", args)
         # The informer's view of the node decides; it is kept by the watch and by this extender's own
         # binds. Only a refusal that fresher usage could turn around is checked against the API server:
         # the node's pods are read again (the watch may be behind, e.g. kubelet admitted a pod the
@@ -472,54 +491,49 @@ class Extender:
             except KubeApiError as err:
                 return self._refuse("api_error", f"bind {ns}/{name}: {err}", args)
             with self.lock:
-                plan = self.sched.bind_check(pod, node, self.clock(), lease_held=held, lease=self.lease_name)
+                plan = self.sched.bind_check(self.view.pod(uid) or pod, node, self.clock(), lease_held=held,
+                                             lease=self.lease_name)
         if plan.refusal:
             return self._refuse(plan.code, plan.refusal, args)
         assert plan.assignment is not None
         value = ann.encode_assignment(plan.assignment)
-        updated: Obj = pod
         try:
-            if not plan.already:
-                updated = self.binder.write_assignment(ns, name, uid, value)
-                with self.lock:
-                    self.view.upsert_pod(updated, self.clock())
-            self.binder.bind(ns, name, uid, node)
+            # One write: the binding subresource merges the Binding's annotations into the pod.
+            self.binder.bind(ns, name, uid, node, {ann.ASSIGNMENT_KEY: value})
         except KubeApiError as err:
-            return self._after_failed_write(ns, name, uid, node, err)
+            return self._after_failed_bind(ns, name, uid, node, err)
         # Count the pod as bound now, assumed until the watch confirms it: a relist or an event older
         # than this bind does not roll it back (kube-scheduler's cache does the same).
-        bound = {**updated, "spec": {**(updated.get("spec") or {}), "nodeName": node}}
         with self.lock:
-            self.view.assume(bound, self.clock())
+            info = self.view.pod(uid)
+            if info is not None:
+                self.view.assume(replace(info, node=node, contract=(plan.assignment, info.contract[1])),
+                                 self.clock())
         if self.events is not None:
             self.events.record(bind_event(ns, name, uid, plan.assignment))
         return wire.BindingResult()
 
-    def _after_failed_write(self, ns: str, name: str, uid: str, node: str, err: KubeApiError) -> wire.BindingResult:
-        """Bound (by this call or an earlier one: a 409 "already assigned" to this node) means success;
-        an unclear error that cannot be checked keeps the assignment; otherwise undo and release."""
+    def _after_failed_bind(self, ns: str, name: str, uid: str, node: str, err: KubeApiError) -> wire.BindingResult:
+        """Bound (by this call or an earlier one: a 409 "already assigned" to this node) means success.
+        The Binding is atomic, so a clear failure wrote nothing: release and refuse. An unclear one that
+        cannot be checked keeps the reservation (the scheduler retries, and the retry finds out)."""
         if unclear(err) or err.status == 409:
             try:
                 pod = self.binder.read_pod(ns, name)
             except KubeApiError as read_err:
-                if not unclear(err):
-                    pod = None
-                else:
-                    # Still unclear: the Binding may have taken effect, so the assignment stays (unbound,
-                    # it holds its slices only until its reservation time is up); the scheduler retries.
+                if unclear(err):
                     return wire.BindingResult(f"bind {ns}/{name} to {node}: {err}; the outcome is unknown "
                                               f"(reading the pod back failed: {read_err})")
-            if pod is not None and (pod.get("spec") or {}).get("nodeName") == node:
+                pod = None
+            if pod is not None and (pod.get("metadata") or {}).get("uid") == uid and (
+                    pod.get("spec") or {}).get("nodeName") == node:
                 with self.lock:
                     self.view.upsert_pod(pod, self.clock())
                 return wire.BindingResult()
-        try:
-            undone = self.binder.write_assignment(ns, name, uid, None)
-            with self.lock:
-                self.view.upsert_pod(undone, self.clock())
-        except KubeApiError as undo:
-            log.warning("could not take back the assignment of %s/%s: %s", ns, name, undo)
+            if pod is not None and (pod.get("metadata") or {}).get("uid") != uid:
+                with self.lock:
+                    self.view.release(uid)
+                return wire.BindingResult(f"pod {ns}/{name} was replaced (UID {uid} is gone)")
         with self.lock:
             self.view.release(uid)
         return wire.BindingResult(f"bind {ns}/{name} to {node}: {err}")
-

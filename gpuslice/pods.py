@@ -16,6 +16,7 @@ the field; it never raises anything else.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -195,6 +196,14 @@ class PodInfo:
     # select victims by them), and whether it is being deleted (``metadata.deletionTimestamp``).
     labels: tuple[tuple[str, str], ...] = ()
     terminating: bool = False
+    # Where it may run: its tolerations, nodeSelector and required node affinity as canonical JSON
+    # (one shared string per distinct set; "" for none), which ``/bind`` checks against the node.
+    constraints: str = ""
+
+    def scheduling_spec(self) -> Mapping[str, Any]:
+        """The pod's scheduling constraints as a pod mapping (``{"spec": {...}}``) for
+        :func:`gpuslice.noderules.refusal`."""
+        return {"spec": json.loads(self.constraints) if self.constraints else {}}
 
     @property
     def namespace(self) -> str:
@@ -244,7 +253,7 @@ def _labels(meta: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     if len(_LABEL_SETS) < _MAX_LABEL_SETS:
         _LABEL_SETS[items] = items
     return items
-_KEPT_SPEC = ("nodeName", "nodeSelector", "priority", "overhead", "schedulerName")
+_KEPT_SPEC = ("nodeName", "nodeSelector", "priority", "overhead", "schedulerName", "tolerations")
 
 
 def _slim_containers(value: object) -> object:
@@ -329,7 +338,31 @@ def project(pod: Mapping[str, Any], *, isolation_default: Isolation = "any") -> 
     return PodInfo(uid, label, node, phase, priority, owner, cpu, mem, products, request,
                    created if isinstance(created, str) else "", contract, error,
                    rv if isinstance(rv := meta.get("resourceVersion"), str) else "", _labels(meta),
-                   meta.get("deletionTimestamp") is not None)
+                   meta.get("deletionTimestamp") is not None, _constraints(spec))
+
+
+def _constraints(spec: Mapping[str, Any]) -> str:
+    """The spec's tolerations, nodeSelector and required node affinity as canonical JSON, interned
+    (pods of one owner share one string); "" when it has none. Values of the wrong shape are kept as
+    they are, for :func:`gpuslice.noderules.refusal` to name."""
+    out: dict[str, Any] = {}
+    for key in ("tolerations", "nodeSelector"):
+        if spec.get(key):
+            out[key] = spec[key]
+    affinity = spec.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    required = (node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+                if isinstance(node_affinity, Mapping) else None)
+    if required is not None:
+        out["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+    elif affinity is not None and not isinstance(affinity, Mapping):
+        out["affinity"] = affinity
+    if not out:
+        return ""
+    try:
+        return sys.intern(json.dumps(out, sort_keys=True, separators=(",", ":")))
+    except (TypeError, ValueError):
+        return sys.intern(json.dumps({"tolerations": "unreadable"}))
 
 
 def _decoded(raw: object, decode: Callable[[object], object]) -> object:

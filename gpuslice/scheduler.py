@@ -36,7 +36,7 @@ from numpy.typing import NDArray
 from gpuslice import noderules
 from gpuslice.annotations import Assignment
 from gpuslice.config import Config, default_config
-from gpuslice.counting import bind_conflicts
+from gpuslice.counting import bind_conflicts, unstamped_same_size
 from gpuslice.decision import NarrowConfig, NodeBest, best_per_node, narrowed_filter, node_key, priority_scores
 from gpuslice.disruption import Budget
 from gpuslice.errors import GpuSliceError, RequestError
@@ -418,7 +418,7 @@ class Scheduler:
                 unresolvable[name] = err or f"node {name} has no slices"
         return found[found >= 0], failed, unresolvable
 
-    def filter(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float) -> FilterResult:
+    def filter(self, pod: Mapping[str, Any] | PodInfo, node_names: Sequence[str], now: float) -> FilterResult:
         """The extender's ``/filter`` for one pod over kube-scheduler's candidate nodes."""
         try:
             _, req = self.request_of(pod)
@@ -484,13 +484,14 @@ class Scheduler:
             out[known] = self.prioritize_request(req, found[known], now)
         return list(zip(node_names, out.tolist(), strict=True))
 
-    def bind_check(self, pod: Mapping[str, Any], node: str, now: float, *, lease_held: bool = True,
+    def bind_check(self, pod: Mapping[str, Any] | PodInfo, node: str, now: float, *, lease_held: bool = True,
                    lease: str = "") -> BindPlan:
         """The assignment ``/bind`` should write for ``pod`` on ``node``, or why not.
 
-        ``pod`` is the pod as re-read from the API server. Refuses when this scheduler does not hold
-        its Lease (fencing), when the node is unknown or has no fitting free placement, and under the
-        same-size rule (DESIGN 3)."""
+        ``pod`` is the view's own projection of the pod (the watched view decides), or the pod as read
+        from the API server when the view does not hold it (it is upserted first). Refuses when this
+        scheduler does not hold its Lease (fencing), when the node is unknown or has no fitting free
+        placement, and under the same-size rule (DESIGN 3)."""
         view = self._view()
         if not lease_held:
             return BindPlan(refusal=f"this scheduler does not hold its lease{' ' + lease if lease else ''}; "
@@ -501,7 +502,8 @@ class Scheduler:
             return BindPlan(refusal=str(err), code="request")
         if req is None or info.request is None:
             return BindPlan(refusal=f"pod {info.label} asks no slices; gpu-slice does not bind it", code="no_slices")
-        view.upsert_pod(pod, now)
+        if view.pod(info.uid) is not pod:
+            view.upsert_pod(pod, now)
         claim = view.claim(info.uid)
         if claim is not None and claim.assignment is not None:
             if claim.assignment.node == node:
@@ -515,7 +517,8 @@ class Scheduler:
             return BindPlan(refusal=node_err, code="node_unusable")
         # Whoever called /bind: the node's taints, cordon, node selector and required affinity.
         rules = view.node_rules(node)
-        why = noderules.refusal(pod, rules) if rules is not None else f"node {node}'s rules cannot be read"
+        spec = info.scheduling_spec() if isinstance(pod, PodInfo) else pod
+        why = noderules.refusal(spec, rules) if rules is not None else f"node {node}'s rules cannot be read"
         if why:
             view.release(info.uid)
             return BindPlan(refusal=why, code="node_rules")
@@ -542,9 +545,9 @@ class Scheduler:
             view.hold(r)
             placement = self._placement(node, r.slice_ids)
         assert placement is not None
-        inventory = view.inventory(node)
         holdings = view.holdings(node)
-        if holdings.held:
+        if unstamped_same_size(holdings, info.request.slices, exclude_uid=info.uid):
+            inventory = view.inventory(node)  # built only when the same-size rule has a pod to weigh
             requests: dict[str, SliceRequest] = {}
             for uid in holdings.held:
                 p = view.pod(uid)
@@ -566,7 +569,7 @@ class Scheduler:
     def _placement(self, node: str, slice_ids: Sequence[str]) -> Placement | None:
         """The placement those ids form on the node (None when they form none)."""
         view = self._view()
-        inv = view.inventory(node)
+        inv = view.layout(node)
         try:
             gpus = []
             for sid in slice_ids:

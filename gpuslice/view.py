@@ -123,6 +123,17 @@ def _confirms(info: PodInfo, assumed: PodInfo) -> bool:
     return bool(info.node) and info.node == assumed.node
 
 
+def _unchanged(prev: _Pod, info: PodInfo) -> bool:
+    """Whether ``info`` differs from the pod as filed only in its resourceVersion, and the pod's claim
+    does not depend on the time (none, or bound), so filing it again would change nothing."""
+    old = prev.info
+    if old is info:
+        return True
+    return (prev.problem is None and (prev.claim is None or prev.claim.bound) and not info.error
+            and old.node == info.node and old.phase == info.phase and old.contract == info.contract
+            and replace(old, resource_version=info.resource_version) == info)
+
+
 def _to_datetime(now: float) -> datetime:
     return datetime.fromtimestamp(now, UTC)
 
@@ -176,6 +187,12 @@ class ClusterView:
         n = self.nodes[name]
         assert n.info.inventory is not None
         return n.info.inventory.with_used(i for i in n.held if _advertises(n, i))
+
+    def layout(self, name: str) -> NodeInventory:
+        """The node's GPUs and MIG instances, without usage (cheap: no id sets are built)."""
+        n = self.nodes[name]
+        assert n.info.inventory is not None
+        return n.info.inventory
 
     def holder(self, name: str, slice_id: str) -> str | None:
         n = self.nodes.get(name)
@@ -496,6 +513,9 @@ class ClusterView:
     def _put_pod(self, info: PodInfo, now: float) -> None:
         touched: set[str] = set()
         prev = self.pods.get(info.uid)
+        if prev is not None and _unchanged(prev, info):
+            prev.info = info  # only its resourceVersion moved (the watch confirming an assumed bind, a
+            return            # status update): nothing the counting rule reads, so no node is recomputed
         if prev is not None:
             touched |= self._unindex(info.uid, prev)
         touched |= self._index(info, now, prev)

@@ -326,7 +326,7 @@ def test_memory_binder_keeps_only_pods_that_may_still_be_bound() -> None:
     binder = MemoryBinder([running, pending])
     assert binder.read_pod("ns", "run") is None
     assert binder.read_pod("ns", "wait") == pending
-    binder.bind("ns", "wait", "u2", "n1")
+    binder.bind("ns", "wait", "u2", "n1", {})
     assert [p["metadata"]["name"] for p in binder.node_pods("n1")] == ["wait"]
 
 

@@ -410,3 +410,55 @@ def test_real_scheduler_preempts_through_the_extender(real: Setup) -> None:
     a = json.loads(pod["metadata"]["annotations"][ASSIGNMENT])
     assert a["node"] == whole and a["podUID"] == pod["metadata"]["uid"]
     assert set(a["sliceIds"]) == set().union(*real.gpus[whole].values())
+
+
+def test_one_binding_carries_the_assignment_on_the_real_apiserver(real: Setup) -> None:
+    """The contract ``/bind`` rests on, checked on kube-apiserver 1.36 through the extender's own binder:
+    the binding subresource merges the Binding's ``metadata.annotations`` into the pod with
+    ``spec.nodeName`` in one 201; its UID is a precondition (a 409 that writes nothing); a second
+    Binding is refused and leaves the first one's annotation as it was."""
+    from kubernetes import client
+
+    from extender.binder import ApiBinder
+    from extender.errors import KubeApiError
+
+    api = real.api
+    node = sorted(real.gpus)[0]
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bind-contract", "namespace": NS},
+            "spec": {"schedulerName": "nobody-schedules-this",
+                     "containers": [{"name": "c", "image": "registry.invalid/x:1"}]}}
+    created = api._json(api.core.create_namespaced_pod(NS, body, _preload_content=False))
+    uid = created["metadata"]["uid"]
+    binder = ApiBinder(api.client, timeout_s=10.0)
+    watch = client.CoreV1Api(api.client).list_namespaced_pod(
+        NS, watch=True, field_selector="metadata.name=bind-contract", resource_version=created["metadata"][
+            "resourceVersion"], timeout_seconds=3, _preload_content=False)
+
+    with pytest.raises(KubeApiError) as refused:
+        binder.bind(NS, "bind-contract", "00000000-0000-0000-0000-000000000000", node, {ASSIGNMENT: "{\"v\":1}"})
+    assert refused.value.status == 409 and "Precondition failed" in str(refused.value)
+    pod = binder.read_pod(NS, "bind-contract")
+    assert pod is not None and not pod["spec"].get("nodeName") and ASSIGNMENT not in (
+        pod["metadata"].get("annotations") or {})
+
+    binder.bind(NS, "bind-contract", uid, node, {ASSIGNMENT: "{\"v\":1,\"first\":true}"})
+    pod = binder.read_pod(NS, "bind-contract")
+    assert pod is not None and pod["spec"]["nodeName"] == node
+    assert pod["metadata"]["annotations"][ASSIGNMENT] == "{\"v\":1,\"first\":true}"
+    assert {"type": "PodScheduled", "status": "True"}.items() <= next(
+        c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled").items()
+
+    with pytest.raises(KubeApiError) as again:
+        binder.bind(NS, "bind-contract", uid, node, {ASSIGNMENT: "{\"v\":1,\"second\":true}"})
+    assert again.value.status == 409 and "already assigned" in str(again.value)
+    assert (binder.read_pod(NS, "bind-contract") or {})["metadata"]["annotations"][ASSIGNMENT] == (
+        "{\"v\":1,\"first\":true}")
+
+    # One write: the watch saw exactly one change, which carried the node and the annotation together.
+    events = [json.loads(line) for line in watch.read().splitlines() if line.strip()]
+    watch.release_conn()
+    changes = [e for e in events if e["type"] == "MODIFIED"]
+    assert len(changes) == 1, [e["type"] for e in events]
+    assert changes[0]["object"]["spec"]["nodeName"] == node
+    assert ASSIGNMENT in changes[0]["object"]["metadata"]["annotations"]
+    api.core.delete_namespaced_pod("bind-contract", NS, grace_period_seconds=0, _preload_content=False)

@@ -55,6 +55,7 @@ class Request:
     path: str
     query: dict[str, str] = field(default_factory=dict)
     content_type: str = ""
+    body: Any = None  # the decoded request body (None when there was none)
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ApiError as e:
             self._send_error(e)
             return
-        api._record(Request(verb, method, path, query, content_type))
+        api._record(Request(verb, method, path, query, content_type, body))
         fault = api._take_fault(verb, method, path)
         if fault is not None:
             if fault.delay and api._stopping.wait(fault.delay):

@@ -1,4 +1,4 @@
-"""Scenario 8: the extender in a shared cluster (issue 47), on the real Kubernetes 1.36 code.
+"""Scenario 9: the extender in a shared cluster (issue 47), on the real Kubernetes 1.36 code.
 
 * A tenant whose RBAC lets it create, patch and update pods, their status and their bindings cannot
   create a pre-bound slice pod, write gpu-slice's annotations through any path, or land a pod on a
@@ -51,7 +51,7 @@ TENANT = "e2e-tenant7"
 def _class(system: System, name: str, value: int, *, preempts: bool = False) -> None:
     system.kubectl("apply", "-f", "-", stdin=json.dumps({
         "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}, "value": value,
-        "preemptionPolicy": "PreemptLowerPriority" if preempts else "Never", "description": "e2e scenario 8"}))
+        "preemptionPolicy": "PreemptLowerPriority" if preempts else "Never", "description": "e2e scenario 9"}))
 
 
 def _pod(name: str, slices: int, *, isolation: str | None = None, klass: str | None = None) -> dict[str, Any]:
