@@ -125,3 +125,19 @@ def test_a_malformed_node_raises_naming_the_field() -> None:
         node_rules({"metadata": {"name": "n"}, "spec": {"taints": ["x"]}})
     with pytest.raises(InventoryError, match=r"spec\.unschedulable must be a boolean"):
         node_rules({"metadata": {"name": "n"}, "spec": {"unschedulable": "yes"}})
+
+
+def test_the_projection_keeps_what_the_node_rules_read() -> None:
+    """``/bind`` decides on the view's projection (it reads no pod): the projection carries the pod's
+    tolerations, nodeSelector and required node affinity, shared by pods that have the same."""
+    from gpuslice.pods import project
+
+    tolerant = pod(tolerations=[{"key": "team", "operator": "Exists"}], selector={"pool": "a"},
+                   required=[term(expr("gpus", "Gt", "4"))])
+    info = project(tolerant)
+    rules = node_rules(node(labels={"pool": "a", "gpus": "8"}, taints=[DEDICATED]))
+    assert refusal(info.scheduling_spec(), rules) == refusal(tolerant, rules) == ""
+    assert "taint team=a:NoSchedule" in refusal(project(pod()).scheduling_spec(), rules)
+    assert project(pod()).constraints == "" and project(pod()).scheduling_spec() == {"spec": {}}
+    twin = project({**tolerant, "metadata": {"name": "q", "uid": "v"}})
+    assert twin.constraints is info.constraints  # one string for pods with the same constraints
