@@ -501,7 +501,11 @@ class Extender:
             # One write: the binding subresource merges the Binding's annotations into the pod.
             self.binder.bind(ns, name, uid, node, {ann.ASSIGNMENT_KEY: value})
         except KubeApiError as err:
-            return self._after_failed_bind(ns, name, uid, node, err)
+            res = self._after_failed_bind(ns, name, uid, node, err)
+            if res.error:
+                self.metrics.bind_refused("api_error")
+                self._warn.warning("bind-api_error", "bind %s/%s to %s failed: %s", ns, name, node, res.error)
+            return res
         # Count the pod as bound now, assumed until the watch confirms it: a relist or an event older
         # than this bind does not roll it back (kube-scheduler's cache does the same).
         with self.lock:
