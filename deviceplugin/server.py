@@ -54,12 +54,9 @@ class PluginState:
     cordon, never per allocation.
     """
 
-    def __init__(self, node: str, *, book: AssignmentBook | None, numa: bool = False,
-                 numa_nodes: Mapping[str, int] | None = None) -> None:
+    def __init__(self, node: str, *, book: AssignmentBook | None) -> None:
         self.node = node
         self.book = book
-        self.numa = numa
-        self.numa_nodes: dict[str, int] = dict(numa_nodes or {})
         self.gpus: tuple[Gpu, ...] = ()
         self.unhealthy: dict[str, str] = {}  # GPU or MIG uuid -> reason
         self.cordoned: frozenset[str] = frozenset()
@@ -175,8 +172,10 @@ class PluginState:
             self._inventory = NodeInventory(self.node, tuple(gpus))
         return self._inventory
 
-    def id_health(self) -> list[tuple[str, str, int | None]]:
-        """(id, health, NUMA node) for every advertised id, in a stable order.
+    def id_health(self) -> list[tuple[str, str]]:
+        """(id, health) for every advertised id, in a stable order. No NUMA topology is advertised:
+        under a topology-manager policy kubelet would then pick ids only from its hinted NUMA node and
+        override the extender's GPU (DESIGN 5).
 
         Unhealthy: the GPU or its MIG instance is unhealthy. A cordoned GPU's free ids are Unhealthy
         too, so kubelet hands them to no new pod; ids that live pods hold (admitted, stamped, just
@@ -187,31 +186,26 @@ class PluginState:
         """
         keep = (self.book.held() | self.book.held_by_candidates()) if (self.book is not None and self.cordoned) \
             else frozenset()
-        out: list[tuple[str, str, int | None]] = []
-        numa = None
+        out: list[tuple[str, str]] = []
         for gpu in self.inventory().gpus:
-            if self.numa:
-                numa = self.numa_nodes.get(gpu.uuid)
             withdrawn = gpu.uuid in self.changing
             if gpu.mode == "mig":
                 for inst in gpu.instances:
                     bad = withdrawn or gpu.uuid in self.unhealthy or inst.uuid in self.unhealthy
                     for sid in inst.slice_ids():
                         ok = not bad and (not gpu.cordoned or sid in keep)
-                        out.append((sid, HEALTHY if ok else UNHEALTHY, numa))
+                        out.append((sid, HEALTHY if ok else UNHEALTHY))
             else:
                 bad = withdrawn or gpu.uuid in self.unhealthy
                 for sid in gpu.slice_ids():
                     ok = not bad and (not gpu.cordoned or sid in keep)
-                    out.append((sid, HEALTHY if ok else UNHEALTHY, numa))
+                    out.append((sid, HEALTHY if ok else UNHEALTHY))
         return out
 
     def device_list(self) -> pb.ListAndWatchResponse:
         resp = pb.ListAndWatchResponse()
-        for sid, health, numa in self.id_health():
-            dev = resp.devices.add(ID=sid, health=health)
-            if numa is not None:
-                dev.topology.nodes.add(ID=numa)
+        for sid, health in self.id_health():
+            resp.devices.add(ID=sid, health=health)
         return resp
 
     # ---- decisions (pure over the state)

@@ -6,12 +6,13 @@
 * the shipped ``simulated`` overlay, applied server-side and strict, except the DaemonSet and the
   scheduler Deployment (their processes run here, below) and the Prometheus operator's kinds (no
   operator runs here): namespace, quota, PriorityClass, ConfigMaps, service accounts, RBAC and the
-  two ValidatingAdmissionPolicies;
+  ValidatingAdmissionPolicies;
 * three GPU nodes, each a ``kubelet-dm`` (kubelet's own device manager, admission and PodResources)
-  with its own ``gpu-slice device-plugin --backend simulated`` process, running as the plugin's service
-  account with a token bound to a pod on its node (as kubelet projects a DaemonSet pod's token), so
-  the admission policy's own-node rules apply. Topologies mix MIG, MPS and whole-GPU modes and two
-  products (:data:`TOPOLOGIES`);
+  with its own ``gpu-slice mps-daemon`` (the ``gpu-slice-mps`` DaemonSet's process: the stand-in MPS
+  daemons outlive every plugin) and ``gpu-slice device-plugin --backend simulated`` process, running
+  as the plugin's service account with a token bound to a pod on its node (as kubelet projects a
+  DaemonSet pod's token), so the admission policy's own-node rules apply. Topologies mix MIG, MPS
+  and whole-GPU modes and two products (:data:`TOPOLOGIES`);
 * a real Prometheus scraping every plugin's DCGM-compatible series and every extender's metrics;
 * two replicas of the scheduler pod: ``gpu-slice extender`` (verbs on a loopback port, probes and
   metrics on an ops port of their own) beside a real kube-scheduler with the shipped
@@ -539,6 +540,7 @@ class Node:
     topology: Path
     metrics_port: int
     plugin: Proc | None = None
+    mps: Proc | None = None
 
     @property
     def pod_resources(self) -> str:
@@ -650,7 +652,21 @@ class System:
                 "containers": [{"name": "device-plugin", "image": "gpu-slice:e2e"}]}}, NAMESPACE)
         sa = self.work / f"plugin-{name}.kubeconfig"
         cluster("sa-kubeconfig", str(self.work), PLUGIN_SA, str(sa), "--bound-pod", f"{NAMESPACE}/{holder}")
+        self._start_mps(node)
         self._start_plugin(node, sa)
+
+    def _start_mps(self, node: Node) -> None:
+        """The simulated overlay's gpu-slice-mps DaemonSet on this node: its arguments, this machine's paths."""
+        from tests.manifests.built import one
+
+        (container,) = one(self.built, "DaemonSet", "gpu-slice-mps")["spec"]["template"]["spec"]["containers"]
+        args = [a for a in container["args"] if not a.startswith("--mps-root=")]
+        assert args[0] == "mps-daemon" and "--control=standin" in args, args
+        argv = [sys.executable, "-m", "gpuslice_cli", *args, "--mps-root", str(self.work / "mps" / node.name),
+                "--drain-seconds", "2"]
+        node.mps = Proc(f"mps-{node.name}", argv, self.work / f"mps-{node.name}.log",
+                        {"GPU_SLICE_MPS_STANDIN_LIFETIME_S": "1800"})
+        self.procs.append(node.mps)
 
     def _start_plugin(self, node: Node, sa: Path | None = None) -> None:
         sa = sa or self.work / f"plugin-{node.name}.kubeconfig"
@@ -665,10 +681,8 @@ class System:
                 "--kubeconfig", str(sa), "--plugin-dir", node.info["pluginDir"],
                 "--pod-resources-socket", node.pod_resources, "--metrics-port", str(node.metrics_port),
                 "--metrics-address", "127.0.0.1", "--mps-root", str(self.work / "mps" / node.name)]
-        # The stand-in MPS daemons are detached; they also end when their pipe directory goes.
-        env = {"GPU_SLICE_MPS_STANDIN_LIFETIME_S": "1800"}
         if node.plugin is None:
-            node.plugin = Proc(f"plugin-{node.name}", argv, self.work / f"plugin-{node.name}.log", env)
+            node.plugin = Proc(f"plugin-{node.name}", argv, self.work / f"plugin-{node.name}.log")
             self.procs.append(node.plugin)
         else:
             node.plugin.argv = argv
@@ -1009,11 +1023,12 @@ def restart_node(system: System, name: str) -> None:
                                                  "--memory=512Gi").splitlines()[-1])
 
 
-def restart_plugin(system: System, name: str) -> None:
-    """SIGKILL this node's device plugin (a crash) and start it again."""
+def restart_plugin(system: System, name: str, sig: int = signal.SIGKILL) -> None:
+    """Stop this node's device plugin (SIGKILL: a crash; SIGTERM: what a DaemonSet roll sends) and start
+    a new one."""
     node = system.nodes[name]
     assert node.plugin is not None
-    node.plugin.kill()
+    node.plugin.stop(sig)
     system._start_plugin(node)
     system._wait_node_ready(node)
 

@@ -119,7 +119,7 @@ def test_mps_daemon_killed(system: System, record: dict[str, Any]) -> None:
     assert before, "no stand-in MPS daemon found for gpu-mps"
     gpu, pid = sorted(before.items())[0]
     os.kill(pid, signal.SIGKILL)
-    wait("the MPS daemon restarted by the plugin's supervisor",
+    wait("the MPS daemon restarted by its node's gpu-slice mps-daemon",
          lambda: mps_daemon_pids(system, "gpu-mps").get(gpu, pid) != pid, 60)
     _batch(system, "mp2", [1, 1], isolation="mps")
     for name in running:

@@ -358,7 +358,7 @@ def test_admission_policy_names_the_service_accounts_the_pods_run_as() -> None:
     assert policies == bindings == {"gpu-slice-annotations", "gpu-slice-assignments-in-bindings",
                                     "gpu-slice-services-write-only-their-annotations",
                                     "gpu-slice-scheduled-slice-pods", "gpu-slice-device-plugin-own-node",
-                                    "gpu-slice-requests"}
+                                    "gpu-slice-requests", "gpu-slice-slice-pods"}
     # Every path a pod's annotations can be written by is matched.
     matched = {r for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
                for rule in o["spec"]["matchConstraints"]["resourceRules"] for r in rule["resources"]}

@@ -35,7 +35,8 @@ from deviceplugin._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplugin.app import DevicePluginApp
 from deviceplugin.assignments import check_placement
 from deviceplugin.errors import DevicePluginError
-from deviceplugin.mps import MpsOptions, MpsSupervisor, pipe_dir, standin_command
+from deviceplugin.mps import MpsOptions, pipe_dir, standin_command
+from deviceplugin.mps_supervisor import MpsSupervisor
 from deviceplugin.settings import Settings, load_config_file
 from deviceplugin.simulated import SimulatedBackend, builtin_topology
 from gpuslice.model import Gpu
@@ -674,13 +675,22 @@ async def test_sent_events_are_kept_bounded(env: Env) -> None:
     assert len(app.events_sent) == 256 and app.events_sent[-1][2] == "event 299"
 
 
-def test_numa_topology_is_refused_when_gpus_share_a_numa_node() -> None:
-    from deviceplugin.app import check_numa_layout
-    from deviceplugin.errors import SettingsError
+def test_numa_topology_flag_is_gone_and_devices_carry_no_topology(capsys: pytest.CaptureFixture[str]) -> None:
+    """Under a topology-manager policy kubelet picks ids from its hinted NUMA node only, overriding the
+    extender's GPU; on ordinary 8-GPU hosts (four per socket) nothing could be advertised safely."""
+    import argparse
 
-    check_numa_layout({MIG.uuid: 0, MPS.uuid: 1})
-    with pytest.raises(SettingsError, match=r"several GPUs share a NUMA node .*NUMA node 0"):
-        check_numa_layout({MIG.uuid: 0, MPS.uuid: 0})
+    from deviceplugin.cli import add_arguments
+    from deviceplugin.server import PluginState
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--numa-topology"])
+    assert "unrecognized arguments: --numa-topology" in capsys.readouterr().err
+    state = PluginState("n", book=None)
+    state.set_gpus(TOPO.gpus)
+    assert all(not d.HasField("topology") for d in state.device_list().devices)
 
 
 async def test_simulated_backend_serves_dcgm_series_with_pod_labels_to_a_real_prometheus(

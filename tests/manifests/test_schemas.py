@@ -97,11 +97,12 @@ def test_validation_is_strict() -> None:
 
 
 def test_overlays_differ_only_where_they_should() -> None:
-    """Same objects in both overlays; only the device plugin's DaemonSet differs."""
+    """Same objects in both overlays; only the device plugin's and the MPS daemons' DaemonSets differ."""
     def index(objs: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
         return {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in objs}
 
     nvidia, simulated = index(build("nvidia")), index(build("simulated"))
     assert nvidia.keys() == simulated.keys()
     differ = {k for k in nvidia if nvidia[k] != simulated[k]}
-    assert differ == {("DaemonSet", "gpu-slice-system", "gpu-slice-device-plugin")}
+    assert differ == {("DaemonSet", "gpu-slice-system", "gpu-slice-device-plugin"),
+                      ("DaemonSet", "gpu-slice-system", "gpu-slice-mps")}
