@@ -244,7 +244,8 @@ class NvmlBackend:
             for (gi_id, mig_uuid, profile, _start, memory_mib), start in zip(chosen, starts, strict=True):
                 self._mig_by_gi[(gpu_uuid, gi_id)] = mig_uuid
                 self._parent_of[mig_uuid] = gpu_uuid
-                instances.append(MigInstance(mig_uuid, profile.name, start, profile.compute_slices, memory_mib))
+                instances.append(MigInstance(mig_uuid, profile.name, start, profile.compute_slices, memory_mib,
+                                             gi_id))
         return tuple(sorted(instances, key=lambda i: i.start))
 
     def _attributes(self, mig: Any) -> Any:

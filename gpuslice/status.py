@@ -433,11 +433,13 @@ def _evict(view: ClusterView, info: PodInfo, req: PackRequest, resolvable: list[
     """The node where the fewest lower-priority pods make room (the core's preemption rule)."""
     st = view.state
     best: tuple[tuple[int, int, str], str, list[str]] | None = None
+    budgets = list(view.budgets.values())
     for v in resolvable:
         name = st.node_names[v]
-        victims = victims_on(view, req, info.priority, name, now)
-        if not victims:
+        found = victims_on(view, req, info.priority, name, budgets)
+        if found is None:
             continue
+        victims = [p.uid for p in found.victims]  # most important first
         key = (len(victims), sum(_label(view, u)[1] for u in victims), name)
         if best is None or key < best[0]:
             best = (key, name, victims)
