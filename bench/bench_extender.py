@@ -460,7 +460,7 @@ def fake_api_child(args: argparse.Namespace) -> int:
 
 
 def watch_rss(proc: subprocess.Popen[bytes], port: int, timeout: float) -> tuple[float, float, float, float]:
-    """Seconds to ready, VmRSS at ready, VmRSS 5 s later, peak VmHWM."""
+    """Seconds to ready (``/readyz`` on the ops ``port``), VmRSS at ready, VmRSS 5 s later, peak VmHWM."""
     t0 = time.monotonic()
 
     def ready() -> bool:
@@ -488,13 +488,13 @@ def part_rss(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         t0 = time.monotonic()
         subprocess.run(cmd, check=True)
         say(f"     {time.monotonic() - t0:.0f} s, {path.stat().st_size / 2**20:.0f} MiB")
-    port = free_port()
-    say(f"   $ gpu-slice extender --cluster {path.name} --port {port}")
+    port, ops = free_port(), free_port()
+    say(f"   $ gpu-slice extender --cluster {path.name} --port {port} --ops-address 127.0.0.1 --ops-port {ops}")
     log = open(work / "rss-cluster.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([*gs, "extender", "--cluster", str(path), "--port", str(port)], stdout=log,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([*gs, "extender", "--cluster", str(path), "--port", str(port), "--ops-address",
+                             "127.0.0.1", "--ops-port", str(ops)], stdout=log, stderr=subprocess.STDOUT)
     try:
-        took, at_ready, later, peak = watch_rss(proc, port, 1200)
+        took, at_ready, later, peak = watch_rss(proc, ops, 1200)
         names = [f"gpu-node-{i:0{max(3, len(str(n - 1)))}d}" for i in range(n)]
         lat = measure(port, names, 100)
     finally:
@@ -519,11 +519,13 @@ def part_rss(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 raise RuntimeError(f"fake API server exited: {(work / 'fakeapi.log').read_text()[-2000:]}")
             return kubeconfig.is_file()
         wait_for("the fake API server", api_up, 900, 0.5)
-        port = free_port()
-        say(f"   $ gpu-slice extender --kubeconfig fakeapi.kubeconfig --no-fencing --port {port}")
+        port, ops = free_port(), free_port()
+        say(f"   $ gpu-slice extender --kubeconfig fakeapi.kubeconfig --no-fencing --port {port} "
+            f"--ops-address 127.0.0.1 --ops-port {ops}")
         proc = subprocess.Popen([*gs, "extender", "--kubeconfig", str(kubeconfig), "--no-fencing", "--port",
-                                 str(port)], stdout=log, stderr=subprocess.STDOUT)
-        took, at_ready, later, peak = watch_rss(proc, port, 1200)
+                                 str(port), "--ops-address", "127.0.0.1", "--ops-port", str(ops)], stdout=log,
+                                stderr=subprocess.STDOUT)
+        took, at_ready, later, peak = watch_rss(proc, ops, 1200)
     finally:
         stop_process(proc)
         stop_process(api)
@@ -730,16 +732,17 @@ def part_e2e(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         say(f"   {args.e2e_nodes} Node objects created (allocatable through the status subresource)")
 
         fencing = os.geteuid() == 0 and shutil.which("unshare") is not None
-        port = free_port()
+        port, ops = free_port(), free_port()
         ext_cmd = [sys.executable, "-m", "gpuslice_cli", "extender", "--kubeconfig", str(d / "kubeconfig"),
-                   "--port", str(port), "--lease", LEASE, "--identity", HOSTNAME, "--log-level", "WARNING"]
+                   "--port", str(port), "--ops-address", "127.0.0.1", "--ops-port", str(ops), "--lease", LEASE,
+                   "--identity", HOSTNAME, "--log-level", "WARNING"]
         if not fencing:
             ext_cmd.append("--no-fencing")
         say(f"   $ gpu-slice extender --kubeconfig DIR/kubeconfig --port {port} --lease {LEASE} --identity "
             f"{HOSTNAME}{'' if fencing else ' --no-fencing'}")
         ext_log = open(d / "extender.log", "wb")  # noqa: SIM115
         ext_proc = subprocess.Popen(ext_cmd, stdout=ext_log, stderr=subprocess.STDOUT, cwd=REPO)
-        wait_for("extender /readyz", lambda: http_status(f"http://127.0.0.1:{port}/readyz") == 200, 60)
+        wait_for("extender /readyz", lambda: http_status(f"http://127.0.0.1:{ops}/readyz") == 200, 60)
 
         shipped = yaml.safe_load(SHIPPED_CONFIG.read_text())
         with_ext = copy.deepcopy(shipped)
@@ -776,7 +779,7 @@ def part_e2e(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 spy.wait(30)
         if spy is not None and spy_out.is_file():
             print_spy(spy_out)
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{ops}/metrics", timeout=5).read().decode()
         counts = {}
         for line in metrics.splitlines():
             if line.startswith("gpu_slice_extender_requests_total{"):

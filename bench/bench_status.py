@@ -6,8 +6,8 @@ any free share, at a higher priority than the running pods: eviction searches), 
 ``gpuslice.status.build_status`` over the same ClusterView and Scheduler the extender keeps: with
 suggestions for every Pending pod (the CLI) and with the slice map's bounds (suggestions for the first
 20, 20 nodes per eviction search: how long one refresh holds the extender's lock), and the extender's
-gauge summary (``gpuslice.status.Summarizer``: what one scrape of its stranded and Pending gauges holds
-the lock for, the first scrape and the later ones). Prints the figures;
+gauge summary (``gpuslice.status.Summarizer``: the first scrape, later ones, its longest step under
+the lock, the memory it keeps). Prints the figures;
 ``--nodes``, ``--pending``, ``--repeat``. Run from the repository:
 ``.venv/bin/python bench/bench_status.py [--nodes 1000] [--pending 100]``.
 """
@@ -15,6 +15,7 @@ the lock for, the first scrape and the later ones). Prints the figures;
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -51,7 +52,11 @@ def main() -> int:
     p.add_argument("--pending", type=int, default=100)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--pods-per-node", type=int, default=60, help="fake-cluster pods per node (60: nodes full)")
-    p.add_argument("--gauges-only", action="store_true", help="time the gauge summary alone (large clusters)")
+    p.add_argument("--gc-freeze", action="store_true",
+                   help="gc.freeze() once the view is built, as the extender does after each relist, so full "
+                        "collections do not walk the view (they otherwise show as the longest steps)")
+    p.add_argument("--gauges-only", action="store_true", help="time the extender's gauge summary alone (large "
+                                                              "clusters)")
     args = p.parse_args()
     fake = generate(FakeClusterSpec(nodes=args.nodes, mode="mixed", pods_per_node=args.pods_per_node, seed=1))
     items = [*fake.document["items"], *pending(args.pending)]
@@ -59,6 +64,9 @@ def main() -> int:
     view = ClusterView.from_objects(items, NOW)
     sched = Scheduler.from_config(view)
     built = time.perf_counter() - t0
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
     print(f"{args.nodes} nodes x 8 GPUs, {len(view.pods)} pods ({args.pending} Pending); view built in {built:.2f} s")
     from extender.slicemap import EVICTION_NODES, MAX_SUGGESTIONS
 
@@ -66,10 +74,13 @@ def main() -> int:
             (f"the first {MAX_SUGGESTIONS}, {EVICTION_NODES} nodes each (slice map refresh)", MAX_SUGGESTIONS,
              EVICTION_NODES))
     for label, limit, nodes in () if args.gauges_only else runs:
-        times = []
+        times: list[float] = []
+        holds: list[float] = []  # each step's time under the hold (the extender's lock in a live build)
+        Hold = holder(holds)
+
         for _ in range(args.repeat):
             t0 = time.perf_counter()
-            st = build_status(view, sched, NOW, max_suggestions=limit, eviction_nodes=nodes)
+            st = build_status(view, sched, NOW, max_suggestions=limit, eviction_nodes=nodes, hold=Hold)
             times.append(time.perf_counter() - t0)
         kinds: dict[str, int] = {}
         for pod in st.pending:
@@ -78,43 +89,57 @@ def main() -> int:
         print(f"  suggestions for {label}: median {statistics.median(times):.2f} s, min {min(times):.2f} s "
               f"over {args.repeat}; first suggestion kinds {dict(sorted(kinds.items()))}; "
               f"stranded {st.capacity.stranded} of {st.capacity.free} free slices")
-    # The extender's gauges (extender.status_gauges): the same stranded count and Pending reasons, no
-    # per-GPU rows or suggestions, each pod packed again only when it changed (cold: the first scrape).
-    from gpuslice.status import Summarizer
+        holds.sort()
+        print(f"    one step under the hold: p50 {1e3 * holds[len(holds) // 2]:.2f} ms, "
+              f"p99 {1e3 * holds[int(len(holds) * 0.99)]:.1f} ms, longest {1e3 * holds[-1]:.1f} ms "
+              f"({len(holds) // args.repeat} steps a build)")
+    gauges(view, sched, args.repeat)
+    return 0
 
-    summarizer = Summarizer()
-    t0 = time.perf_counter()
-    summary = summarizer.summary(view, sched, NOW)
-    cold = time.perf_counter() - t0
-    summarizer = Summarizer()  # as the extender does it: pack outside the lock first, then summarise
-    t0 = time.perf_counter()
-    summarizer.warm([p.info for p in view.pods.values()], view.settings.slices_per_gpu, sched.owner_spread)
-    warming = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    summary = summarizer.summary(view, sched, NOW)
-    after_warm = time.perf_counter() - t0
-    warm = []
-    for _ in range(args.repeat):
-        t0 = time.perf_counter()
-        summary = summarizer.summary(view, sched, NOW)
-        warm.append(time.perf_counter() - t0)
-    import gc
+
+def holder(holds: list[float]) -> type:
+    """A hold that records how long each step under it took (the extender's lock in a live build)."""
+    class Hold:
+        def __enter__(self) -> None:
+            self.t0 = time.perf_counter()
+
+        def __exit__(self, *exc: object) -> None:
+            holds.append(time.perf_counter() - self.t0)
+    return Hold
+
+
+def gauges(view: ClusterView, sched: Scheduler, repeat: int) -> None:
+    """The extender's gauges (extender.status_gauges): the same stranded count and Pending reasons without
+    per-GPU rows or suggestions, each pod packed again only when its projection changed; the first
+    scrape (every pod packed), the later ones, the longest step under the hold, and the memory the
+    summarizer keeps between scrapes."""
     import tracemalloc
 
+    from gpuslice.status import Summarizer
+
+    holds: list[float] = []
+    summarizer = Summarizer()
+    t0 = time.perf_counter()
+    summary = summarizer.summary(view, sched, NOW, hold=holder(holds))
+    cold = time.perf_counter() - t0
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        summary = summarizer.summary(view, sched, NOW, hold=holder(holds))
+        times.append(time.perf_counter() - t0)
     gc.collect()
     tracemalloc.start()
     kept = Summarizer()
-    kept.warm([p.info for p in view.pods.values()], view.settings.slices_per_gpu, sched.owner_spread)
     kept.summary(view, sched, NOW)
     gc.collect()
     retained, _peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    print(f"  gauge summary memory kept between scrapes (its pod cache and shapes): {retained / 2**20:.1f} MiB")
-    print(f"  gauge summary (stranded, Pending by reason): first {cold:.3f} s (or {warming:.3f} s packing outside "
-          f"the lock and {after_warm:.3f} s under it), then median "
-          f"{statistics.median(warm):.3f} s, min {min(warm):.3f} s over {args.repeat}; stranded "
-          f"{sum(summary.stranded.values())}, {len(summary.pending)} Pending")
-    return 0
+    holds.sort()
+    print(f"  gauge summary (stranded, Pending by reason): first {cold:.3f} s, then median "
+          f"{statistics.median(times):.3f} s, min {min(times):.3f} s over {repeat}; one step under the hold: "
+          f"p99 {1e3 * holds[int(len(holds) * 0.99)]:.1f} ms, longest {1e3 * holds[-1]:.1f} ms; "
+          f"{retained / 2**20:.1f} MiB kept between scrapes; stranded {sum(summary.stranded.values())}, "
+          f"{len(summary.pending)} Pending")
 
 
 if __name__ == "__main__":

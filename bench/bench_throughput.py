@@ -71,6 +71,7 @@ class Run:
         self.name = f"sched-{index}"
         self.extender: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.ops_port = 0  # /readyz and /metrics
         self.api_client = api_client
         self.log: Any = None
 
@@ -80,13 +81,14 @@ class Run:
         config = yaml.safe_load(SHIPPED_CONFIG.read_text())
         config["leaderElection"]["resourceName"] = self.lease
         if self.with_extender:
-            self.port = free_port()
+            self.port, self.ops_port = free_port(), free_port()
             argv = [sys.executable, "-m", "gpuslice_cli", "extender", "--kubeconfig", str(self.d / "kubeconfig"),
-                    "--port", str(self.port), "--lease", f"kube-system/{self.lease}", "--identity", HOSTNAME,
+                    "--port", str(self.port), "--ops-address", "127.0.0.1", "--ops-port", str(self.ops_port),
+                    "--lease", f"kube-system/{self.lease}", "--identity", HOSTNAME,
                     "--log-level", "WARNING"] + ([] if self.fencing else ["--no-fencing"])
             self.log = open(self.d / f"extender-{self.index}.log", "wb")  # noqa: SIM115
             self.extender = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO)
-            wait_for("extender /readyz", lambda: http_status(f"http://127.0.0.1:{self.port}/readyz") == 200, 60)
+            wait_for("extender /readyz", lambda: http_status(f"http://127.0.0.1:{self.ops_port}/readyz") == 200, 60)
             config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{self.port}"
         else:
             config.pop("extenders")
@@ -106,7 +108,7 @@ class Run:
             return bool((lease.get("spec") or {}).get("holderIdentity"))
         wait_for(f"Lease {self.lease}", held, 60)
         if self.with_extender:  # the fence has read the new holder
-            wait_for("extender /readyz", lambda: http_status(f"http://127.0.0.1:{self.port}/readyz") == 200, 60)
+            wait_for("extender /readyz", lambda: http_status(f"http://127.0.0.1:{self.ops_port}/readyz") == 200, 60)
 
     def pids(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -194,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                             time.sleep(1.0)
                         res = batch(core, f"tp-{index}", args.pods, threads, cpu=run.pids())
                         if with_extender and run.port:
-                            body = urllib.request.urlopen(f"http://127.0.0.1:{run.port}/metrics", timeout=5).read()
+                            body = urllib.request.urlopen(f"http://127.0.0.1:{run.ops_port}/metrics", timeout=5).read()
                             res["calls"] = {ln.split(" ")[0][len("gpu_slice_extender_requests_total"):]: float(
                                 ln.split(" ")[1]) for ln in body.decode().splitlines()
                                 if ln.startswith("gpu_slice_extender_requests_total{")}

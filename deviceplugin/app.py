@@ -222,6 +222,7 @@ class DevicePluginApp:
                             mps_root=s.mps_dir, mps_memory_only=s.mps_memory_limit_only)
         servicer = DevicePluginServicer(state, injector, metrics=self.metrics, on_allocate=self._on_allocate,
                                         preferred_wait_s=s.preferred_wait_s,
+                                        preferred_wait_empty_s=s.preferred_wait_empty_s,
                                         before_answer=self.mps_limits.before_allocate)
         self.servicer = servicer
         self.registrar = Registrar(

@@ -51,8 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "metric say so either way)")
     parser.add_argument("--preferred-wait-seconds", dest="preferred_wait_s", type=float,
                         help="how long GetPreferredAllocation waits for the pod cache when no assignment of the "
-                             "asked size matches, before a best fit (default 2; 0 = never; a pod of another "
+                             "asked size matches, before a best fit (default 5; 0 = never; a pod of another "
                              "scheduler pays it once per container at admission)")
+    parser.add_argument("--preferred-wait-empty-seconds", dest="preferred_wait_empty_s", type=float,
+                        help="how long it waits in all when no valid best fit is left either (default 30): an "
+                             "empty answer lets kubelet pick ids itself, which on a MIG GPU fail admission")
     parser.add_argument("--metrics-port", dest="metrics_port", type=int,
                         help="port for /metrics (0 = off; default 9402)")
     parser.add_argument("--metrics-address", dest="metrics_address", help="address for /metrics (default 0.0.0.0)")

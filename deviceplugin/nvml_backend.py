@@ -256,7 +256,8 @@ class NvmlBackend:
                 self._mig_by_gi[(gpu_uuid, gi_id)] = mig_uuid
                 self._parent_of[mig_uuid] = gpu_uuid
                 self._mig_devices[mig_uuid] = MigDevice(mig_uuid, handles[mig_uuid], gpu_uuid, handle, gi_id)
-                instances.append(MigInstance(mig_uuid, profile.name, start, profile.compute_slices, memory_mib))
+                instances.append(MigInstance(mig_uuid, profile.name, start, profile.compute_slices, memory_mib,
+                                             gi_id))
         return tuple(sorted(instances, key=lambda i: i.start))
 
     def _attributes(self, mig: Any) -> Any:

@@ -69,7 +69,8 @@ class Settings:
     kubelet_warn_s: float = 30.0
     dir_poll_s: float = 0.2
     register_timeout_s: float = 10.0
-    preferred_wait_s: float = 2.0
+    preferred_wait_s: float = 5.0
+    preferred_wait_empty_s: float = 30.0
     rediscover_s: float = 0.5
     reconcile_s: float = 10.0
     stamp_resync_s: float = 5.0
@@ -156,8 +157,11 @@ class Settings:
             value = getattr(self, name)
             if not value > 0:
                 raise SettingsError(name, f"must be positive, got {value}")
-        if not 0 <= self.preferred_wait_s <= 10:
-            raise SettingsError("preferred_wait_s", f"must be 0 to 10 seconds, got {self.preferred_wait_s}")
+        if not 0 <= self.preferred_wait_s <= 30:
+            raise SettingsError("preferred_wait_s", f"must be 0 to 30 seconds, got {self.preferred_wait_s}")
+        if not 0 <= self.preferred_wait_empty_s <= 120:
+            raise SettingsError("preferred_wait_empty_s",
+                                f"must be 0 to 120 seconds, got {self.preferred_wait_empty_s}")
         if self.stamp_retries < 0:
             raise SettingsError("stamp_retries", f"must not be negative, got {self.stamp_retries}")
         return self

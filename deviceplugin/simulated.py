@@ -45,7 +45,15 @@ from typing import Any
 import yaml
 
 from deviceplugin.backend import GpuProcess, GpuTarget, HealthEvent, MigPlacement, UnitUsage
-from deviceplugin.dcgm import DcgmOptions, SliceUse, UnitLoad, quiet_memory, quiet_utilization, simulate_unit
+from deviceplugin.dcgm import (
+    DcgmOptions,
+    SliceUse,
+    UnitLoad,
+    quiet_memory,
+    quiet_utilization,
+    simulate_unit,
+    simulated_gi_id,
+)
 from deviceplugin.errors import TopologyError
 from deviceplugin.mps_supervisor import MpsSupervisor
 from gpuslice import ids
@@ -110,8 +118,9 @@ def build_instances(prod: Product, gpu_uuid: str, layout: list[tuple[str, int, s
             prof = prod.profile(profile_name)
         except CatalogueError as exc:
             raise _fail(f"{where}[{n}].profile", str(exc)) from None
-        instances.append(MigInstance(mig_uuid or sim_mig_uuid(gpu_uuid, prof.name, start), prof.name, start,
-                                     prof.compute_slices, prof.memory_mib))
+        inst = MigInstance(mig_uuid or sim_mig_uuid(gpu_uuid, prof.name, start), prof.name, start,
+                           prof.compute_slices, prof.memory_mib)
+        instances.append(replace(inst, gi=simulated_gi_id(prod.name, inst)))  # as NVML numbers them
     try:
         validate_mig_layout(prod.name, instances, where=f"GPU {gpu_uuid}")
     except CatalogueError as exc:

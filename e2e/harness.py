@@ -14,12 +14,13 @@
   DaemonSet pod's token), so the admission policy's own-node rules apply. Topologies mix MIG, MPS
   and whole-GPU modes and two products (:data:`TOPOLOGIES`);
 * a real Prometheus scraping every plugin's DCGM-compatible series and every extender's metrics;
-* two replicas of the scheduler pod: ``gpu-slice extender`` beside a real kube-scheduler with the
-  shipped ``KubeSchedulerConfiguration`` (leader election on ``kube-system/gpu-slice-scheduler``), both
-  as the extender's service account. As root each kube-scheduler gets its own host name (its own UTS
-  namespace, ``cluster scheduler --hostname``) so the two hold distinct leader identities and the
-  extenders fence ``/bind`` on them; otherwise one replica runs, unfenced, and the tests that need two
-  say so when they skip.
+* two replicas of the scheduler pod: ``gpu-slice extender`` (verbs on a loopback port, probes and
+  metrics on an ops port of their own) beside a real kube-scheduler with the shipped
+  ``KubeSchedulerConfiguration`` (leader election on ``kube-system/gpu-slice-scheduler``), each as its
+  own service account (the extender's, kube-scheduler's). As root each kube-scheduler gets its own
+  host name (its own UTS namespace, ``cluster scheduler --hostname``) so the two hold distinct leader
+  identities and the extenders fence ``/bind`` on them; otherwise one replica runs, unfenced, and the
+  tests that need two say so when they skip.
 
 Every process started here is in its own process group and is stopped by its pid; the launcher's
 components are stopped with ``cluster down``. :meth:`System.audit` counts what DESIGN 8 says can go
@@ -70,6 +71,7 @@ SCHEDULER_NAME = "gpu-slice-scheduler"
 LEASE_NS, LEASE_NAME = "kube-system", "gpu-slice-scheduler"
 PLUGIN_SA = f"{NAMESPACE}/gpu-slice-device-plugin"
 EXTENDER_SA = f"{NAMESPACE}/gpu-slice-extender"
+SCHEDULER_SA = f"{NAMESPACE}/gpu-slice-scheduler"
 TEST_NS = "default"
 
 #: Not applied here: the processes run as processes, and no Prometheus operator serves these kinds.
@@ -555,10 +557,17 @@ class Replica:
     extender: Proc
     scheduler_config: Path
     scheduler_name: str
+    ops_port: int = 0
 
     @property
     def url(self) -> str:
+        """The verbs (/filter, /prioritize, /bind, /preempt)."""
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ops_url(self) -> str:
+        """/healthz, /readyz and /metrics."""
+        return f"http://127.0.0.1:{self.ops_port}"
 
 
 class System:
@@ -730,7 +739,7 @@ class System:
         (self.work / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
 
     def reload_prometheus(self) -> None:
-        self._write_prometheus_config([r.port for r in self.replicas])
+        self._write_prometheus_config([r.ops_port for r in self.replicas])
         status, body = http("POST", f"{self.prometheus_url}/-/reload")
         assert status == 200, body
 
@@ -741,29 +750,33 @@ class System:
         sa = self.work / "extender.kubeconfig"
         if not sa.exists():
             cluster("sa-kubeconfig", str(self.work), EXTENDER_SA, str(sa))
-        port = free_port()
+        sched_sa = self.work / "scheduler.kubeconfig"
+        if not sched_sa.exists():
+            cluster("sa-kubeconfig", str(self.work), SCHEDULER_SA, str(sched_sa))
+        port, ops_port = free_port(), free_port()
         argv = [sys.executable, "-m", "gpuslice_cli", "extender", f"--config={self.extender_config}",
-                "--address=127.0.0.1", f"--port={port}", f"--lease={LEASE_NS}/{LEASE_NAME}",
+                "--address=127.0.0.1", f"--port={port}", "--ops-address=127.0.0.1", f"--ops-port={ops_port}",
+                f"--lease={LEASE_NS}/{LEASE_NAME}",
                 f"--identity={identity}", "--kubeconfig", str(sa), "--prometheus-url", self.prometheus_url,
                 "--signal-interval", "2", "--slice-map=token"]
         if not self.fencing:
             argv.append("--no-fencing")
         ext = Proc(f"extender-{i}", argv, self.work / f"extender-{i}.log")
         self.procs.append(ext)
-        healthz = f"http://127.0.0.1:{port}/healthz"
+        healthz = f"http://127.0.0.1:{ops_port}/healthz"
         wait(f"extender-{i} /healthz", lambda: (ext.check(), http("GET", healthz)[0] == 200)[1], 60,
              on_timeout=lambda: tail(ext.log))
         config = yaml.safe_load(named_prefix(self.built, "ConfigMap", "gpu-slice-scheduler-config")["data"][
             "scheduler-config.yaml"])
         (ext_cfg,) = config["extenders"]
         ext_cfg["urlPrefix"] = f"http://127.0.0.1:{port}"
-        config["clientConnection"]["kubeconfig"] = str(sa)
+        config["clientConnection"]["kubeconfig"] = str(sched_sa)
         path = self.work / f"scheduler-{i}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         dep = one(self.built, "Deployment", "gpu-slice-scheduler")
         (sched,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "kube-scheduler"]
         flags = [f for f in sched["command"][1:] if not f.startswith("--config=")]
-        replica = Replica(i, identity, port, ext, path, f"sched-{i}")
+        replica = Replica(i, identity, port, ext, path, f"sched-{i}", ops_port)
         self.replicas.append(replica)
         self.start_scheduler(replica, flags)
         if self.prometheus is not None:
@@ -792,7 +805,7 @@ class System:
             lead = self.leader()
             if lead is None or lead is exclude:
                 return None
-            return lead if http("GET", f"{lead.url}/readyz")[0] == 200 else None
+            return lead if http("GET", f"{lead.ops_url}/readyz")[0] == 200 else None
         got: Replica = wait("a scheduler to hold the Lease and its extender to be ready", ready, timeout,
                             on_timeout=self.logs)
         return got

@@ -81,7 +81,7 @@ def no_reservations(system: System) -> None:
     lead = system.wait_leader()
 
     def clear() -> bool:
-        status, raw = http("GET", f"{lead.url}/slicemap/api/status", headers={"Authorization": f"Bearer {token}"})
+        status, raw = http("GET", f"{lead.ops_url}/slicemap/api/status", headers={"Authorization": f"Bearer {token}"})
         assert status == 200, (status, raw[:300])
         data = json.loads(raw)
         return not any(h["source"] == "reserved" for n in data["nodes"] for g in n["gpus"] for u in g["units"]
@@ -140,7 +140,7 @@ def test_status_agrees_with_kubelet_and_the_slice_map_shows_it(system: System, r
 
     t0 = time.monotonic()
     with web.browser(1440, 1000) as driver:
-        driver.get(f"{lead.url}/slicemap")
+        driver.get(f"{lead.ops_url}/slicemap")
         # Without a token the page asks for one and shows no data.
         WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "login").is_displayed())
         assert not driver.find_elements(By.CSS_SELECTOR, ".gpu")

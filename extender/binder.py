@@ -1,5 +1,6 @@
 """The API calls ``/bind`` makes: one Binding that carries the assignment; a pod or node read only to
-clear up an unclear outcome or to check a refusal again (the decision itself uses the watched view).
+clear up an unclear outcome or to check a refusal again (the decision itself uses the watched view);
+and the Eviction the extender's own preemption makes.
 
 The binding subresource merges the Binding's own ``metadata.annotations`` into the pod together with
 ``spec.nodeName``, in one update guarded by the Binding's UID precondition (kube-apiserver's
@@ -29,6 +30,9 @@ Obj = dict[str, Any]
 
 
 class Binder(Protocol):
+    #: Whether calls go over the network (then the HTTP layer makes them off the event loop).
+    remote: bool
+
     def read_pod(self, namespace: str, name: str) -> Obj | None: ...
 
     def node_pods(self, node: str) -> list[Obj]: ...
@@ -66,6 +70,8 @@ class ApiBinder:
     ``api_client`` is a ``kubernetes.client.ApiClient``: its configuration gives the server, the
     credentials (a bearer token is read per call, so a rotated service-account token is used) and
     its pool of open connections, shared with the informer and the fence."""
+
+    remote = True
 
     def __init__(self, api_client: Any, *, timeout_s: float = 10.0) -> None:
         import urllib3
@@ -122,6 +128,14 @@ class ApiBinder:
         items = body.get("items") or []
         return [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []
 
+    def evict(self, namespace: str, name: str, uid: str) -> None:
+        """Evict a pod through the Eviction API (``policy/v1``; the API server checks its
+        PodDisruptionBudgets: 429 when one allows no more disruptions), the pod UID a precondition."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace},
+                "deleteOptions": {"preconditions": {"uid": uid}}}
+        self._request(f"evict pod {namespace}/{name}", "POST",
+                      f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/eviction", body)
+
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
         self._request(f"bind pod {namespace}/{name} to {node}", "POST",
                       f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding",
@@ -135,6 +149,8 @@ class MemoryBinder:
     kube-scheduler asks about. A pod the file already shows bound lives on in the view's projection
     alone (kube-scheduler never binds it again), so a file of 50,000 running pods is not held twice.
     """
+
+    remote = False
 
     def __init__(self, pods: Iterable[Mapping[str, Any]] = ()) -> None:
         self._lock = threading.Lock()

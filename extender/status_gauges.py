@@ -10,12 +10,12 @@ slice pods by reason.
   ``slices_busy``, ``layout``, ``size``, ``gpu_memory``, ``isolation``, ``cpu``, ...);
 * ``gpu_slice_cluster_summary_seconds``: how long the last summary took.
 
-They come from :class:`gpuslice.status.Summarizer` over the extender's own view, taken under its lock
-at scrape time, never per filter call: the stranded test and the reasons are ``build_status``'s, without
-its per-GPU rows and suggestions; each pod is packed again only when it changed, and outside the lock
-(a list of the view's immutable pod projections is taken under it first). One summary serves every
-scrape for ``MIN_INTERVAL_S``, and for ``DUTY`` times as long as it took when that is longer, so the
-gauges hold the lock a small part of the time however large the cluster. Every replica serves them
+They come from :class:`gpuslice.status.Summarizer` over the extender's own view at scrape time, never
+per filter call: the stranded test and the reasons are ``build_status``'s, without its per-GPU rows
+and suggestions. Like the slice map's build it takes the extender's lock one step at a time (the pod
+scan, one shape's fit, the stranded count, one Pending pod), packs pods outside it, and only those
+whose projection changed. One summary serves every scrape for ``MIN_INTERVAL_S``, and for ``DUTY``
+times as long as it took when that is longer. Every replica serves them
 from its own view: aggregate with ``max``, not ``sum``. Nothing is served until the view has synced.
 """
 
@@ -62,7 +62,8 @@ class StatusGauges(Collector):
                 GaugeMetricFamily("gpu_slice_cluster_pending_pods", "Pending slice pods by why they wait.",
                                   labels=("reason",)),
                 GaugeMetricFamily("gpu_slice_cluster_summary_seconds",
-                                  "Seconds the last stranded/Pending summary held the extender's lock."))
+                                  "Seconds the last stranded/Pending summary took (it holds the extender's lock "
+                                  "one step at a time)."))
 
     def describe(self) -> Iterable[Metric]:
         return self._families()
@@ -77,14 +78,8 @@ class StatusGauges(Collector):
             if kept is not None and self._clock() - kept[0] < kept[1]:
                 return kept[2], kept[3]
             started = self._clock()
-            with ext.lock:  # a list of the immutable projections; packing them needs no lock
-                infos = [p.info for p in ext.view.pods.values()]
-            listed = self._clock()
-            self._summarizer.warm(infos, ext.view.settings.slices_per_gpu, ext.sched.owner_spread)
-            warmed = self._clock()
-            with ext.lock:
-                got = self._summarizer.summary(ext.view, ext.sched, ext.clock())
-            took = (listed - started) + (self._clock() - warmed)  # the time it held the lock
+            got = self._summarizer.summary(ext.view, ext.sched, ext.clock(), hold=lambda: ext.lock)
+            took = self._clock() - started
             self._kept = (started, max(self.min_interval_s, DUTY * took), got, took)
             self.builds += 1
             return got, took

@@ -20,13 +20,20 @@ GPU_MODES: tuple[str, ...] = get_args(GpuMode)
 
 @dataclass(frozen=True, slots=True)
 class MigInstance:
-    """An existing GPU instance: its UUID, profile, memory-slice start and size."""
+    """An existing GPU instance: its UUID, profile, memory-slice start and size, and its GPU-instance
+    id (``gi``: NVML's ``nvmlDeviceGetGpuInstanceId``, the ``GPU_I_ID`` label dcgm-exporter puts on
+    the instance's series; None when the plugin that wrote the inventory did not say)."""
 
     uuid: str
     profile: str
     start: int
     compute_slices: int
     memory_mib: int
+    gi: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.gi is not None and (isinstance(self.gi, bool) or not isinstance(self.gi, int) or self.gi < 0):
+            raise InventoryError(f"MIG instance {self.uuid}: GPU-instance id must be an integer >= 0, got {self.gi!r}")
 
     def slice_ids(self) -> tuple[str, ...]:
         return ids.encode_all(self.uuid, self.compute_slices)

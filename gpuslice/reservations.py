@@ -34,6 +34,9 @@ class Reservation:
     #: The policy breakdown that chose this placement (policy -> score, and ``total``), written into
     #: the assignment at bind so an operator sees why it won; not part of what is held.
     scores: Mapping[str, float] = field(default_factory=dict, compare=False)
+    #: Slices freed by preemption and held for the preemptor: kept across its filters until it is
+    #: placed, deleted, or the hold expires (a filter reservation is given up at the pod's next filter).
+    nominated: bool = False
 
 
 class Reservations:

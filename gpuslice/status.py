@@ -19,7 +19,8 @@ node of a product that takes the pod.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -200,32 +201,31 @@ def _packed(info: PodInfo, slices_per_gpu: int, owner_spread: bool, intern: dict
     return req, intern.setdefault(shape, shape)
 
 
-def _shapes_and_pending(view: ClusterView, sched: Scheduler, cache: dict[str, Packed] | None = None,
-                        intern: dict[PackRequest, PackRequest] | None = None
+def _shapes_and_pending(scanned: Iterable[tuple[PodInfo, bool]], slices_per_gpu: int, owner_spread: bool,
+                        cache: dict[str, Packed] | None = None, intern: dict[PackRequest, PackRequest] | None = None
                         ) -> tuple[dict[PackRequest, None], list[tuple[PodInfo, PackRequest | None]]]:
-    """The distinct shapes of the cluster's slice pods (what stranded is judged against), and its
-    Pending slice pods with their requests (None: it cannot be met as written). ``cache`` (pod UID ->
-    its last projection and shape) is kept to the pods counted, in place: a pod whose projection is
-    the same object as last time is not packed again, unless it is Pending; shapes are interned in
+    """From the pods as scanned (projection, no claim): the distinct shapes of the cluster's slice pods
+    (what stranded is judged against), and its Pending slice pods with their requests (None: it cannot
+    be met as written). Projections are immutable, so this needs no hold. ``cache`` (pod UID -> its
+    last projection and shape) is kept to the pods counted, in place: a pod whose projection is the
+    same object as last time is not packed again, unless it is Pending; shapes are interned in
     ``intern`` (one object per distinct shape, whatever the number of pods)."""
-    s = view.settings.slices_per_gpu
     interned: dict[PackRequest, PackRequest] = {} if intern is None else intern
     pending_info = []
     by_id: dict[int, PackRequest] = {}
     counted: list[str] = []
-    for p in view.pods.values():
-        info = p.info
+    for info, unclaimed in scanned:
         if info.terminal or (info.request is None and not info.error):
             continue
-        pending = not info.node and p.claim is None
+        pending = not info.node and unclaimed
         hit = cache.get(info.uid) if cache is not None else None
         req: PackRequest | None = None
         if hit is not None and hit[0] is info:
             shape = hit[1]
             if pending:  # only a Pending pod's own request is needed again (they are few)
-                req, _ = _packed(info, s, sched.owner_spread, interned)
+                req, _ = _packed(info, slices_per_gpu, owner_spread, interned)
         else:
-            req, shape = _packed(info, s, sched.owner_spread, interned)
+            req, shape = _packed(info, slices_per_gpu, owner_spread, interned)
             if cache is not None:
                 cache[info.uid] = (info, shape)
         counted.append(info.uid)
@@ -240,19 +240,24 @@ def _shapes_and_pending(view: ClusterView, sched: Scheduler, cache: dict[str, Pa
     return dict.fromkeys(by_id.values()), pending_info
 
 
-def _usable_by(view: ClusterView, shapes: Iterable[PackRequest]) -> NDArray[np.bool_]:
+def _usable_by(view: ClusterView, shapes: Iterable[PackRequest],
+               hold: Callable[[], AbstractContextManager[Any]] = nullcontext) -> NDArray[np.bool_]:
     """Per unit row: some shape could be placed there now (the state's own fit, CPU and memory of
-    the unit's node included)."""
-    st = view.state
-    out = np.zeros(st.n_units + 1, dtype=bool)
+    the unit's node included). One shape's fit per ``hold``."""
+    found: list[NDArray[np.intp]] = []
     for shape in shapes:
-        fit = st.fit(shape)
-        if fit.unit_ok.shape[0] == 0:
-            continue
-        node_ok = fit.feasible
-        rows = np.flatnonzero(fit.unit_ok[: st.n_units])
-        if rows.shape[0]:
-            out[rows[node_ok[st.unit_node[rows]]]] = True
+        with hold():
+            st = view.state
+            fit = st.fit(shape)
+            if fit.unit_ok.shape[0] == 0:
+                continue
+            rows = np.flatnonzero(fit.unit_ok[: st.n_units])
+            if rows.shape[0]:
+                found.append(rows[fit.feasible[st.unit_node[rows]]])
+    with hold():
+        out = np.zeros(view.state.n_units + 1, dtype=bool)  # rows only ever get appended
+    for rows in found:
+        out[rows[rows < out.shape[0]]] = True
     return out
 
 
@@ -299,7 +304,8 @@ def _units(view: ClusterView, name: str, gpu: Gpu, usable_by: NDArray[np.bool_],
         row = keys.get(uuid)
         free = int(st.unit_free[row]) if row is not None else 0
         ok = row is not None and bool(st.unit_usable[row])
-        stranded = free if ok and free and not usable_by[row] else 0
+        # a row appended since usable_by was worked out counts as usable: never called stranded unseen
+        stranded = free if ok and free and row < usable_by.shape[0] and not usable_by[row] else 0
         out.append(UnitStatus(uuid, profile, start, slices, memory, free, stranded,
                               _holder_list(view, claims, held.get(uuid, []))))
     return tuple(out)
@@ -316,56 +322,77 @@ def _disagreements(name: str, claims: Mapping[str, Claim]) -> list[Disagreement]
 
 
 def build_status(view: ClusterView, sched: Scheduler, now: float, *,
-                 max_suggestions: int | None = None, eviction_nodes: int | None = None) -> ClusterStatus:
+                 max_suggestions: int | None = None, eviction_nodes: int | None = None,
+                 hold: Callable[[], AbstractContextManager[Any]] = nullcontext) -> ClusterStatus:
     """The whole picture at ``now`` (seconds since the epoch, the caller's clock).
 
     ``max_suggestions``: work out suggestions for at most this many Pending pods (highest priority,
     then oldest, first; the slice map bounds its cost with it), the rest get reasons only.
     ``eviction_nodes``: refused nodes an eviction search tries per pod shape (default: kube-scheduler's
     own sample, ``EVICTION_NODES`` or 10 % of the nodes); Pending pods of one shape and priority share
-    one search, as nothing changes between them."""
-    view.expire(now)
-    shapes, pending_info = _shapes_and_pending(view, sched)
-    usable_by = _usable_by(view, shapes)
+    one search, as nothing changes between them.
+    ``hold``: entered around each step (the pod scan, one node, one Pending pod) that reads the view; a
+    live service passes its lock, so its verbs wait for one step at most, never for the whole picture.
+    Each node and each Pending pod is then consistent in itself; the picture as a whole may straddle
+    events that arrived between steps, as any live listing does."""
+    with hold():
+        view.expire(now)
+        scanned = [(p.info, p.claim is None) for p in view.pods.values()]
+        names = sorted(view.nodes)
+    # pod projections are immutable: no hold needed to read them
+    shapes, pending_info = _shapes_and_pending(scanned, view.settings.slices_per_gpu, sched.owner_spread)
+    usable_by = _usable_by(view, shapes, hold)
     nodes: list[NodeStatus] = []
     disagreements: list[Disagreement] = []
     cap = Capacity(shapes=len(shapes))
     totals = Counter[str]()
     idle_mig: list[tuple[str, int, Gpu]] = []  # (node, row, GPU): MIG GPUs no pod or reservation holds
-    for name in sorted(view.nodes):
-        n = view.nodes[name]
-        inv = n.info.inventory
-        if inv is None and not n.info.error:
-            continue  # not a GPU node of ours
-        gpus: list[GpuStatus] = []
-        if inv is not None and n.row >= 0:
-            held = _holders(view, name)
-            claims = _claims(view, name, set(n.held.values()))
-            for gpu in sorted(inv.gpus, key=lambda g: g.index):
-                units = _units(view, name, gpu, usable_by, held, claims)
-                if gpu.mode == "mig" and gpu.schedulable and not any(u.holders for u in units):
-                    idle_mig.append((name, n.row, gpu))
-                g = GpuStatus(gpu.uuid, gpu.index, gpu.product, gpu.mode, gpu.slices, gpu.memory_mib, gpu.healthy,
-                              gpu.cordoned, units)
-                gpus.append(g)
-                totals["gpus"] += 1
-                totals["slices"] += gpu.slices
-                totals["held"] += sum(h.slices for u in units for h in u.holders)
-                if gpu.schedulable:
-                    totals["free"] += sum(u.free for u in units)
-                    totals["stranded"] += sum(u.stranded for u in units) if shapes else 0
-                else:
-                    totals["unavailable"] += sum(u.free for u in units)
-            disagreements += _disagreements(name, claims)
-        nodes.append(NodeStatus(name, n.info.spec.product, n.info.error, tuple(gpus)))
+    for name in names:
+        with hold():
+            n = view.nodes.get(name)
+            if n is None:
+                continue  # removed since the scan
+            inv = n.info.inventory
+            if inv is None and not n.info.error:
+                continue  # not a GPU node of ours
+            gpus: list[GpuStatus] = []
+            if inv is not None and n.row >= 0:
+                held = _holders(view, name)
+                claims = _claims(view, name, set(n.held.values()))
+                for gpu in sorted(inv.gpus, key=lambda g: g.index):
+                    units = _units(view, name, gpu, usable_by, held, claims)
+                    if gpu.mode == "mig" and gpu.schedulable and not any(u.holders for u in units):
+                        idle_mig.append((name, n.row, gpu))
+                    g = GpuStatus(gpu.uuid, gpu.index, gpu.product, gpu.mode, gpu.slices, gpu.memory_mib,
+                                  gpu.healthy, gpu.cordoned, units)
+                    gpus.append(g)
+                    totals["gpus"] += 1
+                    totals["slices"] += gpu.slices
+                    totals["held"] += sum(h.slices for u in units for h in u.holders)
+                    if gpu.schedulable:
+                        totals["free"] += sum(u.free for u in units)
+                        totals["stranded"] += sum(u.stranded for u in units) if shapes else 0
+                    else:
+                        totals["unavailable"] += sum(u.free for u in units)
+                disagreements += _disagreements(name, claims)
+            nodes.append(NodeStatus(name, n.info.spec.product, n.info.error, tuple(gpus)))
     cap = replace(cap, **{k: int(v) for k, v in totals.items()})
     pending_info.sort(key=lambda t: (-t[0].priority, t[0].created, t[0].label))
-    alive = int(view.state.node_alive[: view.state.n_nodes].sum())
+    with hold():
+        alive = int(view.state.node_alive[: view.state.n_nodes].sum())
     search = _Search(eviction_nodes if eviction_nodes is not None else max(EVICTION_NODES, alive // 10), idle_mig)
-    pending = [_pending(view, info, req, now, search, suggest=max_suggestions is None or i < max_suggestions)
-               for i, (info, req) in enumerate(pending_info)]
+    pending: list[PendingPod] = []
+    for i, (info, req) in enumerate(pending_info):
+        with hold():
+            now_pod = view.pods.get(info.uid)
+            if now_pod is None or now_pod.info.node or now_pod.claim is not None:
+                continue  # deleted or placed since the scan
+            pending.append(_pending(view, info, req, now, search,
+                                    suggest=max_suggestions is None or i < max_suggestions))
+    with hold():
+        problems = tuple(view.problems())
     when = datetime.fromtimestamp(now, UTC)
-    return ClusterStatus(when, cap, tuple(nodes), tuple(pending), tuple(disagreements), tuple(view.problems()))
+    return ClusterStatus(when, cap, tuple(nodes), tuple(pending), tuple(disagreements), problems)
 
 
 # --------------------------------------------------------------------------- the cheap summary
@@ -386,53 +413,50 @@ class Summary:
 
 class Summarizer:
     """Builds :class:`Summary` over a view, cheaply enough for every metrics scrape: the stranded test
-    and the Pending reasons are :func:`build_status`'s own (:func:`_usable_by`, :func:`_why`), each
-    pod is packed again only when its projection changed, and Pending pods of one request share one
-    reason."""
+    and the Pending reasons are :func:`build_status`'s own (:func:`_usable_by`, :func:`_why`), steps
+    are held one at a time as :func:`build_status` holds them, each pod is packed again only when its
+    projection changed (outside any hold), and Pending pods of one request share one reason."""
 
     def __init__(self) -> None:
         self._cache: dict[str, Packed] = {}
         self._intern: dict[PackRequest, PackRequest] = {}
 
-    def warm(self, infos: Iterable[PodInfo], slices_per_gpu: int, owner_spread: bool) -> int:
-        """Pack the pods not packed yet as they are now (a list taken from the view; the projections are
-        immutable, so this needs no lock), so the next :meth:`summary` only looks them up. Returns how
-        many were packed."""
-        packed = 0
-        for info in infos:
-            hit = self._cache.get(info.uid)
-            if (hit is not None and hit[0] is info) or info.terminal or (info.request is None and not info.error):
-                continue
-            self._cache[info.uid] = (info, _packed(info, slices_per_gpu, owner_spread, self._intern)[1])
-            packed += 1
-        return packed
-
-    def summary(self, view: ClusterView, sched: Scheduler, now: float) -> Summary:
-        view.expire(now)
-        shapes, pending_info = _shapes_and_pending(view, sched, self._cache, self._intern)
+    def summary(self, view: ClusterView, sched: Scheduler, now: float, *,
+                hold: Callable[[], AbstractContextManager[Any]] = nullcontext) -> Summary:
+        with hold():
+            view.expire(now)
+            scanned = [(p.info, p.claim is None) for p in view.pods.values()]
+        shapes, pending_info = _shapes_and_pending(scanned, view.settings.slices_per_gpu, sched.owner_spread,
+                                                   self._cache, self._intern)
         if len(self._intern) > 4 * len(shapes) + 1024:  # shapes that no pod has any more
             self._intern = {shape: shape for _, shape in self._cache.values() if shape is not None}
-        st = view.state
         stranded: Counter[tuple[str, str]] = Counter()
         if shapes:
-            usable_by = _usable_by(view, shapes)
-            live = st.node_units[: st.n_nodes][st.node_alive[: st.n_nodes]]
-            rows = live[live >= 0]
-            rows = rows[st.unit_usable[rows] & (st.unit_free[rows] > 0) & ~usable_by[rows]]
-            for row in rows.tolist():
-                key = (st.products[int(st.node_product[st.unit_node[row]])], _KIND_NAMES[int(st.unit_kind[row])])
-                stranded[key] += int(st.unit_free[row])
+            usable_by = _usable_by(view, shapes, hold)
+            with hold():
+                st = view.state
+                live = st.node_units[: st.n_nodes][st.node_alive[: st.n_nodes]]
+                rows = live[(live >= 0) & (live < usable_by.shape[0])]  # a row appended since is not judged
+                rows = rows[st.unit_usable[rows] & (st.unit_free[rows] > 0) & ~usable_by[rows]]
+                for row in rows.tolist():
+                    key = (st.products[int(st.node_product[st.unit_node[row]])], _KIND_NAMES[int(st.unit_kind[row])])
+                    stranded[key] += int(st.unit_free[row])
         memo: dict[PackRequest, tuple[str, str]] = {}
         pending: list[tuple[str, str]] = []
         for info, req in pending_info:
-            if req is None or view.reservations.get(info.uid) is not None:
-                pending.append((_why(view, info, req).cause, ""))
-                continue
-            same = replace(req, uid="")
-            if same not in memo:
-                why = _why(view, info, req)
-                memo[same] = (why.cause, next(iter(why.counts)) if why.cause == "refused" else "")
-            pending.append(memo[same])
+            same = replace(req, uid="") if req is not None else None
+            with hold():
+                now_pod = view.pods.get(info.uid)
+                if now_pod is None or now_pod.info.node or now_pod.claim is not None:
+                    continue  # deleted or placed since the scan
+                if same is not None and same in memo and view.reservations.get(info.uid) is None:
+                    got = memo[same]
+                else:
+                    why = _why(view, info, req)
+                    got = (why.cause, next(iter(why.counts)) if why.cause == "refused" else "")
+                    if same is not None and why.cause != "reserved":
+                        memo[same] = got
+            pending.append(got)
         return Summary(dict(stranded), tuple(pending), len(shapes))
 
 
@@ -542,6 +566,9 @@ def _recut(view: ClusterView, req: PackRequest, fit: Fit, idle_mig: list[tuple[s
         return None
     tol = view.settings.memory_tolerance
     for name, v, gpu in idle_mig:
+        node = view.nodes.get(name)
+        if node is None or node.row != v:
+            continue  # removed or re-laid out since the node pass
         if not (fit.cpu[v] and fit.memory[v] and fit.product[v]):
             continue
         if any(i.compute_slices == req.slices for i in gpu.instances):
@@ -566,11 +593,13 @@ def _evict(view: ClusterView, info: PodInfo, req: PackRequest, resolvable: list[
     """The node where the fewest lower-priority pods make room (the core's preemption rule)."""
     st = view.state
     best: tuple[tuple[int, int, str], str, list[str]] | None = None
+    budgets = list(view.budgets.values())
     for v in resolvable:
         name = st.node_names[v]
-        victims = victims_on(view, req, info.priority, name, now)
-        if not victims:
+        found = victims_on(view, req, info.priority, name, budgets)
+        if found is None:
             continue
+        victims = [p.uid for p in found.victims]  # most important first
         key = (len(victims), sum(_label(view, u)[1] for u in victims), name)
         if best is None or key < best[0]:
             best = (key, name, victims)

@@ -84,7 +84,8 @@ class Env:
         base = Settings(node_name=NODE, backend="simulated", plugin_dir=self.kubelet.plugin_dir,
                         pod_resources_socket=self.kubelet.pod_resources_socket, metrics_port=0,
                         mps_root=self.dir / "mps", dir_poll_s=0.05, stamp_backoff_s=0.02, stamp_resync_s=0.5,
-                        rediscover_s=0.3, kube_timeout_s=5.0, preferred_wait_s=0.3)
+                        rediscover_s=0.3, kube_timeout_s=5.0, preferred_wait_s=0.3,
+                        preferred_wait_empty_s=0.3)
         return replace(base, **overrides).validate()
 
     async def start(self, *, backend: SimulatedBackend | None = None, kube: bool = True,

@@ -207,12 +207,13 @@ def _request_counts(metrics_text: str) -> dict[str, float]:
 
 class Setup:
     def __init__(self, work: Path, api: Api, port: int, fencing: bool, extender_log: Path,
-                 gpus: dict[str, dict[str, set[str]]]) -> None:
+                 gpus: dict[str, dict[str, set[str]]], ops_port: int) -> None:
         self.work, self.api, self.port, self.fencing, self.extender_log, self.gpus = (
             work, api, port, fencing, extender_log, gpus)
+        self.ops_port = ops_port
 
     def metrics(self) -> dict[str, float]:
-        status, text = _http_get(f"http://127.0.0.1:{self.port}/metrics")
+        status, text = _http_get(f"http://127.0.0.1:{self.ops_port}/metrics")
         assert status == 200, text
         return _request_counts(text)
 
@@ -250,11 +251,11 @@ def real() -> Iterator[Setup]:
                                                for g in inv["gpus"]}
 
         fencing = hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("unshare") is not None
-        port = _free_port()
+        port, ops_port = _free_port(), _free_port()
         log_path = work / "extender.log"
         log_file = open(log_path, "wb")  # noqa: SIM115 - closed in finally
         argv = [sys.executable, "-m", "gpuslice_cli", "extender", "--kubeconfig", kubeconfig, "--port", str(port),
-                "--lease", LEASE, "--identity", HOSTNAME]
+                "--ops-address", "127.0.0.1", "--ops-port", str(ops_port), "--lease", LEASE, "--identity", HOSTNAME]
         if not fencing:
             argv.append("--no-fencing")
         extender = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO)
@@ -263,7 +264,7 @@ def real() -> Iterator[Setup]:
             assert extender is not None
             if extender.poll() is not None:
                 raise AssertionError(f"extender exited ({extender.returncode}):\n{log_path.read_text()[-3000:]}")
-            return _http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200
+            return _http_get(f"http://127.0.0.1:{ops_port}/readyz")[0] == 200
         _wait("extender /readyz", ready, 30)
 
         # The shipped config, with only the extender's port changed.
@@ -276,7 +277,7 @@ def real() -> Iterator[Setup]:
         _cluster("scheduler", str(work), str(sched_config), *(["--hostname", HOSTNAME] if fencing else []))
         if fencing:
             _wait("kube-scheduler to take the Lease", lambda: api.lease_holder().startswith(HOSTNAME + "_"), 30)
-        yield Setup(work, api, port, fencing, log_path, gpus)
+        yield Setup(work, api, port, fencing, log_path, gpus, ops_port)
     finally:
         try:
             _stop(extender)

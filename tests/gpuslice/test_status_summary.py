@@ -97,26 +97,40 @@ def test_changes_are_followed_and_unchanged_pods_are_not_packed_again(monkeypatc
     assert gone.stranded == expected(build_status(view, sched, NOW))[0] and gone.shapes == 3
 
 
-def test_warming_outside_the_lock_leaves_the_summary_only_pending_pods_to_pack(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pods_are_packed_outside_the_hold_and_only_pending_ones_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As build_status holds the extender's lock: one step at a time, no packing inside a step."""
     fake = generate(FakeClusterSpec(nodes=5, mode="mixed", pods_per_node=10, seed=1))
     view = ClusterView.from_objects([*fake.document["items"], *pending(3)], FAKE_NOW)
     sched = Scheduler.from_config(view)
-    summarizer = Summarizer()
-    infos = [p.info for p in view.pods.values()]
-    assert summarizer.warm(infos, view.settings.slices_per_gpu, sched.owner_spread) == len(infos)
-    assert summarizer.warm(infos, view.settings.slices_per_gpu, sched.owner_spread) == 0
+    inside: list[bool] = [False]
+    steps: list[int] = []
+
+    class Hold:
+        def __enter__(self) -> None:
+            assert not inside[0], "steps do not nest"
+            inside[0] = True
+            steps.append(1)
+
+        def __exit__(self, *exc: object) -> None:
+            inside[0] = False
 
     from gpuslice import pods as pods_module
 
     real_pack = pods_module.PodInfo.pack
+    packed: list[str] = []
 
-    def refuse(self: Any, *args: Any, **kw: Any) -> Any:
-        if self.node:
-            raise AssertionError(f"running pod {self.uid} packed again under the lock")
+    def pack(self: Any, *args: Any, **kw: Any) -> Any:
+        assert not inside[0], f"pod {self.uid} packed inside a step"
+        packed.append(self.uid)
         return real_pack(self, *args, **kw)
 
-    monkeypatch.setattr(pods_module.PodInfo, "pack", refuse)
-    got = summarizer.summary(view, sched, FAKE_NOW)
+    monkeypatch.setattr(pods_module.PodInfo, "pack", pack)
+    summarizer = Summarizer()
+    first = summarizer.summary(view, sched, FAKE_NOW, hold=Hold)
+    slice_pods = sum(1 for p in view.pods.values() if p.info.request is not None)
+    assert len(packed) == slice_pods and len(steps) >= 3
+    packed.clear()
+    assert summarizer.summary(view, sched, FAKE_NOW, hold=Hold) == first
+    assert sorted(packed) == ["p-0", "p-1", "p-2"]  # only the Pending pods' requests, again
     monkeypatch.undo()
-    assert got == Summarizer().summary(view, sched, FAKE_NOW)
+    assert first == Summarizer().summary(view, sched, FAKE_NOW)

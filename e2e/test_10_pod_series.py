@@ -1,4 +1,4 @@
-"""Scenario 9: per-pod series, cluster gauges and right-sizing advice on the kubelet-dm cluster.
+"""Scenario 10: per-pod series, cluster gauges and right-sizing advice on the kubelet-dm cluster.
 
 * A MIG pod and an MPS pod (the simulated backend's figures driven by ``example.com/simulated-
   utilization`` and ``example.com/simulated-memory``) get per-pod series on their node's plugin, scraped
