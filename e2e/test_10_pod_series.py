@@ -75,7 +75,7 @@ def test_per_pod_series_gauges_and_advice(system: System, record: dict[str, Any]
 
     lead = system.wait_leader()
     wait("the Pending pod in the leader's gauge", lambda: system.metric(
-        lead.url, 'gpu_slice_cluster_pending_pods{reason="size"}') >= 1, 60)
+        lead.ops_url, 'gpu_slice_cluster_pending_pods{reason="size"}') >= 1, 60)
 
     def advised() -> dict[str, Any] | None:
         got = advice(system)
