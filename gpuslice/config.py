@@ -23,6 +23,10 @@ Reading the file is the services' job; this module only validates a mapping or Y
     prices:
       instanceTypes: {p5.48xlarge: {on-demand: 98.32, spot: 39.3}}   # $/node-hour
       gpuHourly: {H100-80GB: 4.1}                                     # $/GPU-hour fallback
+    migLayouts:                    # per MIG-capable catalogue product
+      H100-80GB:
+        layout: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]   # a static layout (optional)
+        dynamic: false             # true: re-cut free MIG slots to Pending demand (gpuslice.miglayout)
 """
 
 from __future__ import annotations
@@ -145,6 +149,40 @@ class Prices(_Strict):
         return value
 
 
+class MigLayout(_Strict):
+    """One product's MIG layouts: an optional static layout (profile names, each placed at a legal
+    start) and whether free placement slots follow demand (``dynamic``, off by default)."""
+
+    layout: tuple[str, ...] | None = None
+    dynamic: bool = Field(default=False, strict=True)
+
+
+def _check_mig_layouts(value: dict[str, MigLayout]) -> dict[str, MigLayout]:
+    from gpuslice.miglayout import place_profiles
+
+    for name, entry in value.items():
+        if name not in PRODUCTS:
+            raise _unknown_product(name)
+        prod = PRODUCTS[name]
+        if not prod.mig_capable:
+            raise PydanticCustomError("not_mig_capable", "{name} does not support MIG",
+                                      {"name": name, _SUBPATH: name})
+        if entry.layout is None:
+            continue
+        known = {p.name for p in prod.mig_profiles}
+        for n, profile in enumerate(entry.layout):
+            if profile not in known:
+                raise PydanticCustomError(
+                    "unknown_profile", "{product} has no MIG profile '{profile}'; known: {known}",
+                    {"product": name, "profile": profile, "known": ", ".join(p.name for p in prod.mig_profiles),
+                     _SUBPATH: f"{name}.layout.{n}"})
+        if place_profiles(name, entry.layout) is None:
+            raise PydanticCustomError(
+                "bad_layout", "no legal MIG layout of {product} holds {layout} (placements, compute and "
+                "count limits)", {"product": name, "layout": ", ".join(entry.layout), _SUBPATH: f"{name}.layout"})
+    return value
+
+
 def _unknown_product(name: str) -> PydanticCustomError:
     return PydanticCustomError("unknown_product", "unknown GPU product '{name}'; known: {known}",
                                {"name": name, "known": ", ".join(PRODUCTS), _SUBPATH: name})
@@ -192,6 +230,12 @@ class Config(_Strict):
         default=60.0, gt=0, le=3600, alias="reservationTTLSeconds", allow_inf_nan=False, strict=True)
     owner_spread: bool = Field(default=True, alias="ownerSpread", strict=True)
     prices: Prices = Field(default_factory=Prices)
+    mig_layouts: dict[str, MigLayout] = Field(default_factory=dict, alias="migLayouts")
+
+    @field_validator("mig_layouts")
+    @classmethod
+    def _mig_layouts(cls, value: dict[str, MigLayout]) -> dict[str, MigLayout]:
+        return _check_mig_layouts(value)
 
     @field_validator("slices")
     @classmethod
@@ -240,6 +284,10 @@ class Config(_Strict):
             return None
         by_capacity = self.prices.instance_types.get(instance_type) or {}
         return by_capacity.get(capacity_type or "on-demand")
+
+    def dynamic_mig_products(self) -> frozenset[str]:
+        """The MIG products whose free placement slots follow demand (``migLayouts.<product>.dynamic``)."""
+        return frozenset(name for name, entry in self.mig_layouts.items() if entry.dynamic)
 
     def gpu_price(self, product_name: str) -> float | None:
         """$/GPU-hour for a product from the fallback table."""
