@@ -31,6 +31,7 @@ from deviceplugin.dcgm import DcgmCollector, DcgmOptions, SliceUse
 from deviceplugin.errors import DevicePluginError, KubeApiError, KubeUnavailable, SettingsError
 from deviceplugin.kube import KubeClient, Obj, Watcher, load_api_client
 from deviceplugin.metrics import PluginMetrics
+from deviceplugin.miglayouts import LayoutApplier
 from deviceplugin.mps_limits import MpsLimitKeeper
 from deviceplugin.registration import Registrar
 from deviceplugin.server import DevicePluginServicer, PluginState
@@ -128,6 +129,8 @@ class DevicePluginApp:
         self._beat = time.monotonic()
         self._metrics_snapshot = NodeInventory(settings.node_name, ())
         self._dcgm_uses: dict[str, SliceUse] = {}
+        self.layouts: LayoutApplier | None = None  # dynamic MIG layouts (deviceplugin.miglayouts)
+        self._last_node: Obj | None = None
 
     # ---------------------------------------------------------------- start-up
 
@@ -196,6 +199,7 @@ class DevicePluginApp:
         await self._read_admitted()
         await self._discover(reconcile=True, quiet=True)
         await self._check_coexistence()
+        self._start_layouts()
         state.listeners.append(self._on_state_change)
         self._refresh_metrics_snapshot()
         self.metrics.watch_inventory(self._metrics_inventory, lambda: dict(state.unhealthy))
@@ -226,6 +230,23 @@ class DevicePluginApp:
             self._supervise(self._publisher(stop), "inventory-publisher")
         self._supervise(self.registrar.run(stop), "registrar")
         self._supervise(self._rediscover(stop), "rediscover")
+
+    def _start_layouts(self) -> None:
+        """The applier of the extender's wanted MIG layouts, once the GPUs are known (needs the API)."""
+        s, state, backend = self.settings, self.state, self.backend
+        if self.kube is None or state is None or backend is None:
+            return
+        refresher = None
+        if s.backend == "nvml" and s.device_injection == "cdi":
+            from deviceplugin.cdi_refresh import CdiRefresher
+
+            refresher = CdiRefresher(s.cdi_refresh_command, s.cdi_vendor, s.cdi_class, s.cdi_spec_dirs)
+        self.layouts = LayoutApplier(state=state, backend=backend, config=s.config, held=self._allocated,
+                                     rediscover=self._discover, labels=lambda: node_labels(state.inventory().gpus),
+                                     write=self.kube.client.patch_node, refresher=refresher,
+                                     event=self._node_event, registry=self.registry)
+        if self._last_node is not None:
+            self.layouts.on_node(self._last_node)
 
     def _connect_kube(self) -> AssignmentBook | None:
         s = self.settings
@@ -454,6 +475,9 @@ class DevicePluginApp:
             return
         if self.kube is not None:
             self.kube.node_uid = str((obj.get("metadata") or {}).get("uid", ""))
+        self._last_node = obj
+        if self.layouts is not None:
+            self.layouts.on_node(obj)
         raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(CORDON_KEY)
         try:
             cordoned = parse_cordon(raw)

@@ -13,9 +13,9 @@ A GPU-wide fault shows as ``Gpu.healthy == False`` in ``discover()``; a fault of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gpuslice.model import Gpu, GpuMode
 
@@ -84,3 +84,23 @@ class Backend(Protocol):
     def close(self) -> None:
         """Stop watching, stop any MPS daemons this backend started, release NVML."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class RecutOutcome:
+    """What a MIG re-cut did on one GPU: the MIG UUIDs destroyed and created, in order."""
+
+    destroyed: tuple[str, ...]
+    created: tuple[str, ...]
+
+
+@runtime_checkable
+class MigRecutter(Protocol):
+    """A backend that can re-cut a MIG GPU's free placement slots (DESIGN 2: a MIG layout changes only
+    in free slots). ``recut_mig`` destroys the named free instances and creates the named (profile,
+    start) ones; it raises ``RecutRefused`` before changing anything when an instance to destroy holds
+    one of ``allocated``, the resulting layout breaks the product's rules, or it may not change GPUs,
+    and ``RecutFailed`` when the driver stops part-way."""
+
+    def recut_mig(self, gpu_uuid: str, destroy: Sequence[str], create: Sequence[MigPlacement],
+                  allocated: frozenset[str]) -> RecutOutcome: ...

@@ -65,6 +65,7 @@ class PluginState:
         self.cordoned: frozenset[str] = frozenset()
         self.refused: dict[str, str] = {}  # GPU uuid -> why another resource owns it
         self.changing: frozenset[str] = frozenset()  # GPUs being reconfigured: withdrawn, Allocate refused
+        self.withdrawn: frozenset[str] = frozenset()  # MIG instances a re-cut destroys: likewise
         self.generation = 0
         self._changed = asyncio.Event()
         self._pods_event = asyncio.Event()
@@ -139,6 +140,15 @@ class PluginState:
         self._bump("changing")
         return True
 
+    def set_withdrawn(self, uuids: Iterable[str]) -> bool:
+        """MIG instances about to be destroyed by a re-cut: their ids go Unhealthy, Allocate refuses them."""
+        new = frozenset(uuids)
+        if new == self.withdrawn:
+            return False
+        self.withdrawn = new
+        self._bump("changing")
+        return True
+
     def pods_changed(self) -> None:
         """The pod cache changed: wakes preferred-allocation waiters; the device list depends on it only
         through the cordon exception."""
@@ -195,7 +205,8 @@ class PluginState:
             withdrawn = gpu.uuid in self.changing
             if gpu.mode == "mig":
                 for inst in gpu.instances:
-                    bad = withdrawn or gpu.uuid in self.unhealthy or inst.uuid in self.unhealthy
+                    bad = (withdrawn or inst.uuid in self.withdrawn or gpu.uuid in self.unhealthy
+                           or inst.uuid in self.unhealthy)
                     for sid in inst.slice_ids():
                         ok = not bad and (not gpu.cordoned or sid in keep)
                         out.append((sid, HEALTHY if ok else UNHEALTHY, numa))
@@ -243,6 +254,9 @@ class PluginState:
         wanted = list(slice_ids)
         placement = check_placement(self.inventory(), wanted)
         busy = self.changing.intersection(placement.gpus)
+        if placement.instance is not None and placement.instance in self.withdrawn:
+            raise PlacementRefused(f"MIG instance {placement.instance} is being destroyed by a re-cut; its ids "
+                                   "are withdrawn")
         if busy:
             raise PlacementRefused(f"GPU {', '.join(sorted(busy))} is being reconfigured (mode or MIG layout); "
                                    f"its ids are withdrawn")

@@ -28,15 +28,15 @@ from __future__ import annotations
 import logging
 import threading
 import uuid as uuidlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from deviceplugin.backend import GpuTarget, HealthEvent, MigPlacement
-from deviceplugin.errors import TopologyError
+from deviceplugin.backend import GpuTarget, HealthEvent, MigPlacement, RecutOutcome
+from deviceplugin.errors import RecutRefused, TopologyError
 from deviceplugin.mps import MpsSupervisor
 from gpuslice.catalogue import PRODUCTS, Product
 from gpuslice.errors import CatalogueError
@@ -57,8 +57,10 @@ def sim_gpu_uuid(node: str, index: int) -> str:
     return f"GPU-{uuidlib.uuid5(_NAMESPACE, f'{node}/gpu/{index}')}"
 
 
-def sim_mig_uuid(gpu_uuid: str, profile: str, start: int) -> str:
-    return f"MIG-{uuidlib.uuid5(_NAMESPACE, f'{gpu_uuid}/mig/{profile}@{start}')}"
+def sim_mig_uuid(gpu_uuid: str, profile: str, start: int, serial: int = 0) -> str:
+    """A MIG UUID derived from its GPU and place; ``serial`` > 0 for instances a re-cut creates (each new)."""
+    suffix = f"#{serial}" if serial else ""
+    return f"MIG-{uuidlib.uuid5(_NAMESPACE, f'{gpu_uuid}/mig/{profile}@{start}{suffix}')}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +212,7 @@ class SimulatedBackend:
         self._mps = mps
         self._emit: Callable[[HealthEvent], None] = lambda _event: None
         self._watching = False
+        self._serial = 0  # re-cuts made: each created instance gets a UUID never seen before
         if mps is not None:
             mps.set_gpus(g.uuid for g in topo.gpus if g.mode == "mps")
 
@@ -345,6 +348,42 @@ class SimulatedBackend:
         if (gpu.mode, gpu.slices) == (target.mode, target.slices):
             return None
         return replace(gpu, mode=target.mode, slices=target.slices, instances=())
+
+    def recut_mig(self, gpu_uuid: str, destroy: Sequence[str], create: Sequence[MigPlacement],
+                  allocated: frozenset[str]) -> RecutOutcome:
+        """Destroy free MIG instances and create new ones in free slots of one GPU, as the NVML backend
+        does (:class:`deviceplugin.backend.MigRecutter`), with the catalogue's placement rules; every
+        created instance gets a fresh UUID, as a real GPU instance does."""
+        with self._lock:
+            gpu = self._gpus.get(gpu_uuid)
+            if gpu is None:
+                raise RecutRefused(f"no simulated GPU {gpu_uuid}")
+            if gpu.mode != "mig":
+                raise RecutRefused(f"GPU {gpu_uuid} is in {gpu.mode} mode, not MIG")
+            have = {i.uuid: i for i in gpu.instances}
+            unknown = [u for u in destroy if u not in have]
+            if unknown:
+                raise RecutRefused(f"GPU {gpu_uuid} has no MIG instance {', '.join(unknown)}")
+            busy = [u for u in destroy if any(sid in allocated for sid in have[u].slice_ids())]
+            if busy:
+                raise RecutRefused(f"MIG instance {', '.join(busy)} on GPU {gpu_uuid} holds allocated ids; "
+                                   "an instance in use is never destroyed")
+            keep = [(i.profile, i.start, i.uuid) for i in gpu.instances if i.uuid not in destroy]
+            fresh = []
+            for profile, start in create:
+                self._serial += 1
+                fresh.append((profile, start, sim_mig_uuid(gpu_uuid, profile, start, self._serial)))
+            try:
+                instances = build_instances(PRODUCTS[gpu.product], gpu_uuid, [*keep, *fresh], "recut")
+            except TopologyError as exc:
+                raise RecutRefused(f"GPU {gpu_uuid}: {exc}") from None
+            self._gpus[gpu_uuid] = replace(gpu, slices=sum(i.compute_slices for i in instances),
+                                           instances=instances)
+            for owner in destroy:
+                self._faults.pop(owner, None)
+        log.info("GPU %s re-cut: destroyed %s, created %s", gpu_uuid, list(destroy),
+                 [f"{p}@{s}" for p, s, _ in fresh])
+        return RecutOutcome(tuple(destroy), tuple(u for _, _, u in fresh))
 
     def close(self) -> None:
         if self._mps is not None:
