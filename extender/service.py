@@ -26,6 +26,7 @@ from extender.binder import Binder, MemoryBinder, unclear
 from extender.errors import KubeApiError
 from extender.lease import Fence
 from extender.metrics import ExtenderMetrics
+from extender.miglayouts import LayoutPublisher
 from extender.signals import SignalSnapshot
 from gpuslice import annotations as ann
 from gpuslice import nodes, pods
@@ -88,6 +89,7 @@ class Extender:
         self._learned: OrderedDict[str, None] = OrderedDict()  # UIDs the policies have observed
         self._binding: dict[str, list[Any]] = {}  # pod UID -> [lock, callers]
         self._binding_guard = threading.Lock()
+        self.layouts = LayoutPublisher(self, None)  # dynamic MIG layouts; the service gives it a writer
         self.policy_label = re.sub(r"[^a-z0-9_]+", "_", self.sched.policy.name.lower()).strip("_")[:40] or "policy"
 
     # ----- the informer's handler -------------------------------------------------------------
@@ -117,6 +119,7 @@ class Extender:
                         self.view.remove_node(str(meta.get("name") or ""))
                     else:
                         self.view.upsert_node(obj)
+                        self.layouts.on_node(obj)
                 elif kind == "Pod":
                     if type == "DELETED":
                         uid = (obj.get("metadata") or {}).get("uid")
@@ -131,6 +134,9 @@ class Extender:
         with self.lock:
             if kind == "Node":
                 self.view.replace_nodes([o for o in objs if not isinstance(o, PodInfo)])
+                for o in objs:
+                    if not isinstance(o, PodInfo):
+                        self.layouts.on_node(o)
             else:
                 self.view.replace_pods(objs, self.clock())
             self.synced.add(kind)
@@ -188,6 +194,7 @@ class Extender:
             return  # the filter answers with the error
         if req is not None:
             self.sched.observe(req)
+            self.layouts.observe(req)
             self._remember(uid)
 
     def slice_rows(self) -> list[tuple[str, str, int, int]]:
@@ -269,6 +276,12 @@ class Extender:
                     res = self.sched.filter(args.pod, args.candidates, self.clock())
         with self.lock:
             self.metrics.set_reservations(len(self.view.reservations))
+            if not res.feasible and not res.error and self.layouts.active:
+                try:
+                    _, req = self.sched.request_of(args.pod)
+                except GpuSliceError:
+                    req = None
+                self.layouts.note_filter(req, res.feasible, args.candidates, res.error, self.clock())
         if res.error:
             self.metrics.decision(self.policy_label, "unschedulable")
             return wire.filter_error(args, res.error)
