@@ -295,6 +295,8 @@ def test_rbac_is_least_privilege() -> None:
         *{("", "nodes", v) for v in ("get", "list", "watch")},
         *{("", "pods", v) for v in ("get", "list", "watch", "patch")},
         ("", "pods/binding", "create")}
+    # Dynamic MIG layouts: node patches, held by the mig-layout policy to one annotation.
+    assert _rules(objs, "gpu-slice-extender-mig-layouts") == {("", "nodes", "patch")}
     for o in objs:
         for rule in o.get("rules", []):
             assert "*" not in rule["verbs"] and "*" not in rule["resources"], o["metadata"]["name"]
@@ -304,7 +306,8 @@ def test_rbac_is_least_privilege() -> None:
     assert bound == {("gpu-slice-device-plugin", "gpu-slice-device-plugin"),
                      ("gpu-slice-extender", "gpu-slice-extender"),
                      ("system:kube-scheduler", "gpu-slice-extender"),
-                     ("system:volume-scheduler", "gpu-slice-extender")}
+                     ("system:volume-scheduler", "gpu-slice-extender"),
+                     ("gpu-slice-extender-mig-layouts", "gpu-slice-extender")}
 
 
 def test_admission_policy_names_the_service_accounts_the_pods_run_as() -> None:
@@ -317,7 +320,8 @@ def test_admission_policy_names_the_service_accounts_the_pods_run_as() -> None:
     assert named == accounts == used
     policies = {o["metadata"]["name"] for o in objs if o["kind"] == "ValidatingAdmissionPolicy"}
     bindings = {o["spec"]["policyName"] for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"}
-    assert policies == bindings == {"gpu-slice-annotations", "gpu-slice-device-plugin-own-node"}
+    assert policies == bindings == {"gpu-slice-annotations", "gpu-slice-device-plugin-own-node",
+                                    "gpu-slice-mig-layouts"}
 
 
 def test_every_namespaced_object_is_in_the_project_namespace_or_the_lease_namespace() -> None:
