@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -52,6 +53,9 @@ from gpuslice.model import Gpu, MigInstance, validate_mig_layout
 from gpuslice.packing.frag import TargetWorkload
 from gpuslice.packing.state import KIND_MIG, ClusterState, PackRequest
 from gpuslice.rules import DEFAULT_MEMORY_TOLERANCE, isolation_allows, memory_fits
+
+if TYPE_CHECKING:
+    from gpuslice.view import ClusterView
 
 #: A re-cut made only to raise the expected fit must lower FGD's expected fragment of its GPU by more
 #: than this many compute slices (of 7, or 4 on A30): one slice is the smallest unit a pod can take, so
@@ -554,3 +558,58 @@ def layout_status(gpus: Mapping[str, Sequence[Gpu]], wanted: Mapping[str, Mappin
 
 def _describe(layout: Sequence[Slot]) -> str:
     return "[" + ", ".join(f"{p}@{s}" for p, s in layout) + "]"
+
+
+def layout_status_of_nodes(nodes: Iterable[Mapping[str, object]], dynamic: frozenset[str]) -> list[LayoutStatus]:
+    """:func:`layout_status` from Node objects as the API server serves them (live or from a dump):
+    the inventory, the extender's wish and the plugin's result are read from their annotations; a node
+    whose annotations do not decode is left out (``gpu-slice status`` reports it as a problem)."""
+    from gpuslice import annotations as ann
+    from gpuslice.errors import GpuSliceError
+    from gpuslice.layoutwire import LAYOUT_KEY, STATUS_KEY, decode_results, decode_wanted
+
+    gpus: dict[str, tuple[Gpu, ...]] = {}
+    wanted: dict[str, dict[str, Sequence[Slot]]] = {}
+    applied: dict[str, dict[str, str]] = {}
+    for node in nodes:
+        meta = node.get("metadata")
+        if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+            continue
+        name = str(meta["name"])
+        notes = meta.get("annotations")
+        if not isinstance(notes, Mapping) or ann.INVENTORY_KEY not in notes:
+            continue
+        try:
+            gpus[name] = ann.decode_inventory(notes[ann.INVENTORY_KEY])
+            if LAYOUT_KEY in notes:
+                wanted[name] = {g.uuid: g.instances for g in decode_wanted(notes[LAYOUT_KEY]).gpus}
+            if STATUS_KEY in notes:
+                applied[name] = {g.uuid: f"{g.state}: {g.message}" for g in decode_results(notes[STATUS_KEY]).gpus}
+        except GpuSliceError:
+            gpus.pop(name, None)
+    return layout_status(gpus, wanted, applied, dynamic)
+
+
+def suggest_recut(view: ClusterView, req: PackRequest, *, products: frozenset[str] | None = None,
+                  nodes: Sequence[str] | None = None) -> Recut | None:
+    """The re-cut of free MIG slots that would let a Pending pod in (``gpu-slice status``'s "smallest
+    change" for a pod refused for shape), with the demand learned from the pods the view holds now.
+    ``products``: the MIG products to consider (default every MIG-capable one: a suggestion, not an act);
+    ``nodes``: the node names the pod may run on (default all)."""
+    from gpuslice.scheduler import pods_as_requests
+
+    st = view.state
+    planner = LayoutPlanner(products if products is not None else
+                            frozenset(p.name for p in PRODUCTS.values() if p.mig_capable),
+                            memory_tolerance=view.settings.memory_tolerance)
+    for r in pods_as_requests(view, owner_spread=view.settings.owner_spread):
+        planner.observe(r)
+    planner.observe(req)
+    mask = None
+    if nodes is not None:
+        mask = np.zeros(st.n_nodes, dtype=bool)
+        rows = [view.node_row(n) for n in nodes]
+        mask[[r for r in rows if r >= 0]] = True
+    slots = slots_from_inventories(st, {name: n.info.inventory.gpus for name, n in view.nodes.items()
+                                        if n.info.inventory is not None and n.row >= 0})
+    return planner.for_pending(st, slots, req, nodes=mask)

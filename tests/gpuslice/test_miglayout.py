@@ -233,3 +233,31 @@ def test_layout_status_says_what_is_wanted_and_why_it_waits() -> None:
     (row,) = layout_status({"n1": inv.gpus}, {}, {}, frozenset())
     assert row.wanted is None and "static layout" in row.pending
     _ = GpuLayout, Held  # the public types the status code and the services build on
+
+
+def _node_obj(name: str, inv: NodeInventory, extra: dict[str, str] | None = None) -> dict[str, object]:
+    from gpuslice import annotations as ann
+
+    return {"kind": "Node", "metadata": {"name": name, "annotations": {
+        ann.INVENTORY_KEY: ann.encode_inventory(inv.gpus), **(extra or {})}},
+        "status": {"allocatable": {"cpu": "64", "memory": "512Gi"}}}
+
+
+def test_status_from_node_objects_and_a_suggested_recut_for_a_pending_pod() -> None:
+    from datetime import UTC, datetime
+
+    from gpuslice.layoutwire import LAYOUT_KEY, WantedGpu, WantedLayouts, encode_wanted
+    from gpuslice.miglayout import layout_status_of_nodes, suggest_recut
+    from gpuslice.view import ClusterView
+
+    _, inv = _node(SEVEN_1G)
+    want = (("1g.10gb", 0), ("1g.10gb", 1), ("1g.10gb", 2), ("1g.10gb", 3), ("3g.40gb", 4))
+    wish = encode_wanted(WantedLayouts(1, datetime(2025, 1, 1, tzinfo=UTC), (WantedGpu(inv.gpus[0].uuid, want),)))
+    rows = layout_status_of_nodes([_node_obj("n1", inv, {LAYOUT_KEY: wish}), {"metadata": {"name": "cpu"}}],
+                                  frozenset({H100}))
+    assert [(r.node, r.wanted) for r in rows] == [("n1", want)]
+    view = ClusterView()
+    view.upsert_node(_node_obj("n1", inv))
+    recut = suggest_recut(view, PackRequest(gpus=1, slices=3, uid="pending"))
+    assert recut is not None and recut.node == "n1" and recut.target is not None and recut.target[0] == "3g.40gb"
+    assert suggest_recut(view, PackRequest(gpus=1, slices=3), nodes=["other"]) is None
