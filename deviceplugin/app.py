@@ -525,7 +525,7 @@ class DevicePluginApp:
             self._spawn(self._node_event("GpuRecovered", f"{owner} is healthy again", "Normal"))
 
     def _on_state_change(self, kind: str) -> None:
-        if kind in ("layout", "health", "cordon", "refused"):
+        if kind in ("layout", "health", "cordon", "refused", "withdrawn"):
             self._publish.set()
 
     def _on_allocate(self, placement: Placement, match: Candidate | None) -> None:

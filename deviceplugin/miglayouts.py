@@ -12,7 +12,9 @@ node watch hands every new value here. Each generation is applied once, GPU by G
    Allocate that ran before the withdrawal is counted by now), and only then does the backend change
    the GPU; an instance in use is never destroyed;
 3. with the NVML backend and CDI injection, the toolkit's spec is generated again and must name every
-   created instance (:mod:`deviceplugin.cdi_refresh`), else the new instances stay withdrawn;
+   created instance (:mod:`deviceplugin.cdi_refresh`); else they are destroyed again (never advertised)
+   and the re-cut is reported failed. While a GPU is re-cut its inventory entry says unhealthy, so the
+   extender places no new pod on it; its other instances' ids stay Healthy for kubelet;
 4. the GPUs are rediscovered (ListAndWatch re-advertises), and one patch writes the new inventory, the
    result (``example.com/gpu-slice.mig-layout-status``) and the label
    ``example.com/gpu-slice.mig-layout-generation``: a label change is what makes kube-scheduler retry
@@ -200,9 +202,15 @@ class LayoutApplier:
                                               held)
             created = outcome.created
             if self.refresher is not None and created:
-                state.set_withdrawn(state.withdrawn | frozenset(created))  # not advertised until CDI names them
-                await asyncio.to_thread(self.refresher.refresh, created)
-                state.set_withdrawn(state.withdrawn - frozenset(created))
+                fresh = frozenset(created)
+                state.set_withdrawn(state.withdrawn | fresh)  # not advertised until the CDI spec names them
+                try:
+                    await asyncio.to_thread(self.refresher.refresh, created)
+                except RecutFailed as exc:
+                    await asyncio.to_thread(self.backend.recut_mig, gpu.uuid, list(created), [], self.held())
+                    raise RecutFailed(f"{exc}; the instances created for it were destroyed again") from exc
+                finally:
+                    state.set_withdrawn(state.withdrawn - fresh)
         finally:
             state.set_withdrawn(state.withdrawn - gone)
         took = time.monotonic() - started

@@ -146,7 +146,7 @@ class PluginState:
         if new == self.withdrawn:
             return False
         self.withdrawn = new
-        self._bump("changing")
+        self._bump("withdrawn")
         return True
 
     def pods_changed(self) -> None:
@@ -180,7 +180,10 @@ class PluginState:
             for gpu in self.gpus:
                 if gpu.uuid in self.refused:
                     continue
-                sick = gpu.uuid in self.unhealthy or any(i.uuid in self.unhealthy for i in gpu.instances)
+                # A GPU being re-cut is published unhealthy (no new placements while its layout changes);
+                # its other instances' ids stay Healthy for kubelet (``id_health``).
+                sick = gpu.uuid in self.unhealthy or any(i.uuid in self.unhealthy or i.uuid in self.withdrawn
+                                                         for i in gpu.instances)
                 gpus.append(replace(gpu, healthy=not sick, cordoned=gpu.uuid in self.cordoned))
             self._inventory = NodeInventory(self.node, tuple(gpus))
         return self._inventory

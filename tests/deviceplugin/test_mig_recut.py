@@ -289,7 +289,44 @@ async def test_instances_being_destroyed_are_withdrawn_and_allocate_refuses_them
                             lambda d: {s for i in doomed for s in i.slice_ids()} <= d.unhealthy, 10)
     with pytest.raises(Exception, match="being destroyed by a re-cut"):
         env.app.state.allocate(doomed[0].slice_ids())  # type: ignore[union-attr]
+    assert not env.app.state.inventory().gpus[0].healthy  # type: ignore[union-attr]  # no new placements
+
+    def published_sick() -> bool:
+        raw = (env.api.store.get_node("node-a")["metadata"].get("annotations") or {}).get(
+            "example.com/gpu-slice.inventory")
+        return raw is not None and json.loads(raw)["gpus"][0]["healthy"] is False
+    await until(published_sick, 10)
     backend.go.set()
     await until(lambda: _status(env) is not None, 15)
     assert _status(env).gpus[0].state == "applied"
     await asyncio.to_thread(env.kubelet.wait_for_devices, RESOURCE, lambda d: not d.unhealthy, 10)
+
+
+class _NoCdi:
+    def refresh(self, uuids: Any) -> Path:
+        raise RecutFailed("CDI refresh 'nvidia-ctk cdi generate' exited 1: no driver")
+
+
+async def test_instances_the_cdi_spec_cannot_name_are_destroyed_again() -> None:
+    from datetime import UTC, datetime
+
+    from deviceplugin.miglayouts import LayoutApplier
+    from deviceplugin.server import PluginState
+
+    backend = SimulatedBackend(TOPO7)
+    state = PluginState("node-a", book=None)
+    state.set_gpus(backend.discover())
+
+    async def rediscover() -> None:
+        state.set_gpus(backend.discover())
+
+    async def event(reason: str, message: str, type_: str) -> None:
+        return None
+
+    applier = LayoutApplier(state=state, backend=backend, config=DYNAMIC, held=frozenset, rediscover=rediscover,
+                            labels=dict, write=None, refresher=_NoCdi(), event=event)  # type: ignore[arg-type]
+    out = await applier.apply(WantedLayouts(1, datetime.now(UTC), (WantedGpu(TOPO7.gpus[0].uuid, WANT_3G),)))
+    (r,) = out.gpus
+    assert r.state == "failed" and "destroyed again" in r.message and "no driver" in r.message
+    assert [(i.profile, i.start) for i in state.gpus[0].instances] == [("1g.10gb", s) for s in range(4)]
+    assert not state.withdrawn and state.inventory().gpus[0].healthy
