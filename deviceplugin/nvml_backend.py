@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deviceplugin.backend import GpuTarget, HealthEvent, MigPlacement, RecutOutcome
+from deviceplugin.backend import GpuTarget, HealthEvent, MigPlacement, RecutOutcome, recut_victims
 from deviceplugin.errors import DiscoveryError, RecutFailed, RecutRefused
 from deviceplugin.mps import MAX_MPS_CLIENT_SLICES, MpsSupervisor
 from gpuslice.catalogue import MigProfile, Product, product_for_nvml_name
@@ -401,18 +401,8 @@ class NvmlBackend:
         instance with processes (``NVML_ERROR_IN_USE``) and a placement that is taken."""
         nv = self._nvml
         gpu = next((g for g in self.discover() if g.uuid == gpu_uuid), None)
-        if gpu is None:
-            raise RecutRefused(f"no GPU {gpu_uuid} on this node")
-        if gpu.mode != "mig":
-            raise RecutRefused(f"GPU {gpu_uuid} is not in MIG mode")
-        have = {i.uuid: i for i in gpu.instances}
-        unknown = [u for u in destroy if u not in have]
-        if unknown:
-            raise RecutRefused(f"GPU {gpu_uuid} has no MIG instance {', '.join(unknown)}")
-        busy = [u for u in destroy if any(sid in allocated for sid in have[u].slice_ids())]
-        if busy:
-            raise RecutRefused(f"MIG instance {', '.join(busy)} on GPU {gpu_uuid} holds allocated ids; an "
-                               "instance in use is never destroyed")
+        recut_victims(gpu, gpu_uuid, destroy, allocated)
+        assert gpu is not None
         prod = product_for_nvml_name(_text(nv.nvmlDeviceGetName(self._handles[gpu_uuid])))
         keep = [i for i in gpu.instances if i.uuid not in destroy]
         try:

@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from deviceplugin.backend import GpuTarget, HealthEvent, MigPlacement, RecutOutcome
+from deviceplugin.backend import GpuTarget, HealthEvent, MigPlacement, RecutOutcome, recut_victims
 from deviceplugin.errors import RecutRefused, TopologyError
 from deviceplugin.mps import MpsSupervisor
 from gpuslice.catalogue import PRODUCTS, Product
@@ -356,18 +356,8 @@ class SimulatedBackend:
         created instance gets a fresh UUID, as a real GPU instance does."""
         with self._lock:
             gpu = self._gpus.get(gpu_uuid)
-            if gpu is None:
-                raise RecutRefused(f"no simulated GPU {gpu_uuid}")
-            if gpu.mode != "mig":
-                raise RecutRefused(f"GPU {gpu_uuid} is in {gpu.mode} mode, not MIG")
-            have = {i.uuid: i for i in gpu.instances}
-            unknown = [u for u in destroy if u not in have]
-            if unknown:
-                raise RecutRefused(f"GPU {gpu_uuid} has no MIG instance {', '.join(unknown)}")
-            busy = [u for u in destroy if any(sid in allocated for sid in have[u].slice_ids())]
-            if busy:
-                raise RecutRefused(f"MIG instance {', '.join(busy)} on GPU {gpu_uuid} holds allocated ids; "
-                                   "an instance in use is never destroyed")
+            recut_victims(gpu, gpu_uuid, destroy, allocated)
+            assert gpu is not None
             keep = [(i.profile, i.start, i.uuid) for i in gpu.instances if i.uuid not in destroy]
             fresh = []
             for profile, start in create:
