@@ -68,7 +68,7 @@ def make_backend(settings: Settings) -> Backend:
         mps = MpsSupervisor(MpsOptions(root=settings.mps_dir, control_command=standin_command(),
                                        probe_interval_s=1.0, backoff_initial_s=0.5, backoff_max_s=5.0,
                                        tick_s=0.2))
-        return SimulatedBackend(topo, mps=mps)
+        return SimulatedBackend(topo, mps=mps, layout_file=settings.mps_dir / "simulated-mig-layouts.yaml")
     from deviceplugin.nvml_backend import NvmlBackend
 
     mps_real = None if settings.read_only else MpsSupervisor(MpsOptions(root=settings.mps_dir))

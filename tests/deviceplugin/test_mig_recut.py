@@ -8,6 +8,7 @@ import ctypes
 import json
 import sys
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,11 @@ from deviceplugin.nvml_backend import NvmlBackend
 from deviceplugin.simulated import SimulatedBackend, parse_topology
 from gpuslice.config import load_config
 from gpuslice.layoutwire import LAYOUT_KEY, STATUS_KEY, WantedGpu, WantedLayouts, decode_results, encode_wanted
-from tests.deviceplugin.test_app import RESOURCE, Env, env, until  # noqa: F401  (env: the fixture)
+from tests.deviceplugin import test_app
+from tests.deviceplugin.test_app import RESOURCE, Env, until
 from tests.deviceplugin.test_nvml_backend import H100, FakeGpu, FakeMig, FakeNvml, err
-from tests.kubelet.standin import slice_pod
+from tests.fakeapi.server import FakeApiServer
+from tests.kubelet.standin import KubeletStandin, slice_pod
 
 # The MIG User Guide's H100 placement table, written out here independently of gpuslice.catalogue:
 # profile id -> (compute slices, memory slices, legal starts, max count).
@@ -200,10 +203,17 @@ def test_cdi_refresh_runs_the_generator_and_checks_the_names(tmp_path: Path) -> 
 
 # --------------------------------------------------------------------------- the applier, end to end
 
+
+@pytest.fixture
+async def env(kubelet: KubeletStandin, fake_api: FakeApiServer, sock_dir: Path) -> AsyncIterator[Env]:
+    """test_app's plugin environment (fake API server, kubelet stand-in), for this module's scenarios."""
+    async for e in test_app.env.__wrapped__(kubelet, fake_api, sock_dir):
+        yield e
+
 TOPO7 = parse_topology({"version": 1, "node": "node-a", "gpus": [
     {"product": "H100-80GB", "mode": "mig", "instances": [{"profile": "1g.10gb", "start": s} for s in range(7)]}]})
 DYNAMIC = load_config({"version": "v1", "migLayouts": {"H100-80GB": {"dynamic": True}}})
-WANT_3G = tuple(("1g.10gb", s) for s in range(4)) + (("3g.40gb", 4),)
+WANT_3G = (*(("1g.10gb", s) for s in range(4)), ("3g.40gb", 4))
 
 
 def _want(env: Env, generation: int, instances: tuple[tuple[str, int], ...] = WANT_3G) -> None:
@@ -330,3 +340,14 @@ async def test_instances_the_cdi_spec_cannot_name_are_destroyed_again() -> None:
     assert r.state == "failed" and "destroyed again" in r.message and "no driver" in r.message
     assert [(i.profile, i.start) for i in state.gpus[0].instances] == [("1g.10gb", s) for s in range(4)]
     assert not state.withdrawn and state.inventory().gpus[0].healthy
+
+
+def test_simulated_recut_layouts_survive_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "layouts.yaml"
+    backend = SimulatedBackend(TOPO7, layout_file=path)
+    gpu = backend.discover()[0]
+    out = backend.recut_mig(gpu.uuid, [i.uuid for i in gpu.instances if i.start >= 4], [("3g.40gb", 4)], frozenset())
+    again = SimulatedBackend(TOPO7, layout_file=path).discover()[0]
+    assert again.instances == backend.discover()[0].instances and again.instances[-1].uuid == out.created[0]
+    other = parse_topology({"version": 1, "node": "other", "gpus": [{"product": "H100-80GB", "mode": "mps"}]})
+    assert SimulatedBackend(other, layout_file=path).discover()[0].mode == "mps"  # not its file: ignored
