@@ -17,8 +17,10 @@ one hour, the time-averaged unallocated % over its last two thirds). Per cell an
   which the two can be compared; ``dynamic`` re-cuts free MIG slots for pods refused for shape
   (:mod:`gpuslice.miglayout`), and with departures a re-cut pod waits ``RECUT_WAIT_S`` (10 s, in
   lifetimes of an hour) before it runs, its slices counted unallocated meanwhile;
-* ``cpu-floor`` (``arr`` only): the unallocated % at 100 % arrival if every arriving pod were placed
-  until the nodes' CPU runs out, whatever its GPU shape: no layout can do better.
+* ``cpu-floor`` (``arr`` only): the unallocated % at 100 % arrival if every arriving pod were placed,
+  in arrival order, until the cluster's CPU runs out, whatever its GPU shape (every fake-cluster pod
+  asks 4 cores of a node's 96). A scheduler that places every pod it can cannot go much below it; a
+  replay lands slightly below where pods dropped for their GPU shape left CPU to later, larger ones.
 
 The day (``simulate`` with no arguments): the default mix with static layouts and with the H100 and
 A100 MIG layouts dynamic; Pending pods, pods that waited for a re-cut, GPUs in use, $/hour, pod-hours
@@ -60,7 +62,7 @@ LIFETIME_S = 3600.0  # the departures replay's mean lifetime, in seconds, to sca
 
 def cpu_floor(cluster: KubeCluster, reqs: Sequence[PackRequest], capacity: int) -> float:
     """Unallocated % at 100 % arrival if pods were placed in arrival order while the cluster's CPU
-    (and host memory) lasts, GPU shape ignored: the best any layout could reach."""
+    (and host memory) lasts, GPU shape ignored (see the module docstring: a level, not a strict bound)."""
     cpu = sum(spec.cpu_milli for spec, _ in cluster.nodes)
     mem = sum(spec.memory_mib for spec, _ in cluster.nodes)
     slices = np.cumsum([r.total_slices for r in reqs])
