@@ -91,6 +91,8 @@ def departures_replay(state: ClusterState, shapes: Sequence[PackRequest], policy
     picks = rng.integers(len(shapes), size=n)
     cluster = PackedCluster(state)
     sched = Scheduler(cluster, spec(policy), seed=seed, trace=list(shapes))
+    if layouts is not None:
+        sched.instance_order = layouts.instance_order
     heap: list[tuple[float, int, int, list[int], int, int, int, str]] = []
     start = horizon / 3.0
     area = 0.0

@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from extender.errors import KubeApiError
 from gpuslice.errors import GpuSliceError
@@ -43,8 +44,8 @@ from gpuslice.layoutwire import (
     decode_wanted,
     encode_wanted,
 )
-from gpuslice.miglayout import LayoutPlanner, LayoutStatus, Recut, layout_status, slots_from_inventories
-from gpuslice.packing.state import PackRequest
+from gpuslice.miglayout import LayoutPlanner, LayoutStatus, Recut, Slot, layout_status, slots_from_inventories
+from gpuslice.packing.state import Candidates, ClusterState, PackRequest
 
 if TYPE_CHECKING:
     from extender.service import Extender
@@ -99,10 +100,29 @@ class LayoutPublisher:
     written: dict[str, int] = field(default_factory=dict)  # node -> the generation last written here
     outcomes: list[str] = field(default_factory=list)  # the latest settled re-cuts (for logs and status)
     _wake: threading.Event = field(default_factory=threading.Event)
+    _slots: dict[int, Slot] = field(default_factory=dict)
+    _slots_for: tuple[int, int] = (-1, -1)
 
     def __post_init__(self) -> None:
         cfg = self.ext.config
         self.planner = LayoutPlanner(cfg.dynamic_mig_products(), memory_tolerance=cfg.memory_tolerance)
+        if self.active:
+            self.ext.sched.instance_order = self.instance_order
+
+    def slots(self) -> dict[int, Slot]:
+        """Unit row -> (profile, start) of every MIG instance the view holds, rebuilt when its layout moves."""
+        view = self.ext.view
+        st = view.state
+        key = (st.generation, st.layout_version)
+        if key != self._slots_for:
+            self._slots = slots_from_inventories(st, {name: n.info.inventory.gpus for name, n in view.nodes.items()
+                                                      if n.info.inventory is not None and n.row >= 0})
+            self._slots_for = key
+        return self._slots
+
+    def instance_order(self, state: ClusterState, req: PackRequest, cands: Candidates) -> NDArray[np.float64] | None:
+        """The filter's tie-break among MIG instances (the simulator's, from the same core function)."""
+        return self.planner.instance_order(state, self.slots(), req, cands)
 
     @property
     def active(self) -> bool:
@@ -225,8 +245,7 @@ class LayoutPublisher:
         if not waiting:
             return []
         st = view.state
-        slots = slots_from_inventories(st, {name: n.info.inventory.gpus for name, n in view.nodes.items()
-                                            if n.info.inventory is not None and n.row >= 0})
+        slots = self.slots()
         planned: list[Recut] = []
         for uid in waiting:
             p = self.refused[uid]

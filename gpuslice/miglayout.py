@@ -51,7 +51,7 @@ from gpuslice.decision import node_key
 from gpuslice.errors import CatalogueError
 from gpuslice.model import Gpu, MigInstance, validate_mig_layout
 from gpuslice.packing.frag import TargetWorkload
-from gpuslice.packing.state import KIND_MIG, ClusterState, PackRequest
+from gpuslice.packing.state import KIND_MIG, Candidates, ClusterState, PackRequest
 from gpuslice.rules import DEFAULT_MEMORY_TOLERANCE, isolation_allows, memory_fits
 
 if TYPE_CHECKING:
@@ -476,6 +476,51 @@ class LayoutPlanner:
         reason = f"a Pending pod fits {target[0]}@{target[1]}, made {freed}"
         return Recut(g.node, g.gpu, g.gpu_index, g.product, tuple(h.key for h in destroy), create, wanted, pod,
                      target, gain, reason)
+
+    def instance_order(self, state: ClusterState, slots: Mapping[int, Slot], req: PackRequest,
+                       cands: Candidates) -> NDArray[np.float64] | None:
+        """Per candidate, higher first: minus the rise of its GPU's dynamic fragment when the pod takes
+        that MIG instance (0 for other units). Which free instance of a size a pod takes decides which
+        placements stay possible after it (a 1g at slice 2 breaks both halves a 3g or 4g could use), and
+        the policy, which sees instances as units, ties them; ``Scheduler.rank`` breaks its ties with
+        this. None when no candidate is a MIG instance of a dynamic product (static layouts)."""
+        if not self.dynamic or req.gpus != 1 or len(cands) == 0:
+            return None
+        units = cands.units[:, 0]
+        mig = np.flatnonzero(state.unit_kind[units] == KIND_MIG)
+        if mig.shape[0] == 0:
+            return None
+        demand = self.shapes()
+        out = np.zeros(len(cands))
+        busy_of: dict[tuple[int, int], tuple[str, tuple[Slot, ...]] | None] = {}
+        found = False
+        for i in mig.tolist():
+            u = int(units[i])
+            slot = slots.get(u)
+            if slot is None:
+                continue
+            key = (int(state.unit_node[u]), int(state.unit_gpu_index[u]))
+            if key not in busy_of:
+                busy_of[key] = self._busy(state, slots, *key)
+            got = busy_of[key]
+            if got is None:
+                continue
+            prod, busy = got
+            before = dynamic_fragment(prod, busy, demand, self.memory_tolerance)
+            after = dynamic_fragment(prod, tuple(sorted((*busy, slot))), demand, self.memory_tolerance)
+            out[i] = before - after
+            found = True
+        return out if found else None
+
+    def _busy(self, state: ClusterState, slots: Mapping[int, Slot], v: int, index: int
+              ) -> tuple[str, tuple[Slot, ...]] | None:
+        """(product, busy slots) of a dynamic GPU, or None for a GPU of a static product."""
+        prod = state.products[int(state.node_product[v])]
+        if prod not in self.dynamic:
+            return None
+        busy = [slots[u] for u in state.node_rows(v).tolist() if int(state.unit_gpu_index[u]) == index
+                and u in slots and int(state.unit_free[u]) < int(state.unit_cap[u])]
+        return prod, tuple(sorted(busy))
 
     def proactive(self, state: ClusterState, slots: Mapping[int, Slot], *, exclude: Iterable[str] = (),
                   nodes: NDArray[np.bool_] | None = None) -> list[Recut]:

@@ -105,6 +105,8 @@ def replay(state: ClusterState, reqs: Sequence[PackRequest], base: Sequence[Pack
         raise ValueError(f"mode must be one of {', '.join(MODES)}")
     cluster = PackedCluster(state)
     sched = Scheduler(cluster, policy, narrow=options.narrow, seed=seed, trace=list(base))
+    if layouts is not None:
+        sched.instance_order = layouts.instance_order
     paper_rank = np.empty(state.n_nodes, dtype=np.int64)
     paper_rank[np.random.default_rng(seed).permutation(state.n_nodes)] = np.arange(state.n_nodes)
     ext_rank = sched.node_keys()

@@ -24,7 +24,7 @@ from gpuslice.config import Config
 from gpuslice.errors import GpuSliceError
 from gpuslice.miglayout import LayoutPlanner, Recut, Slot, slots_from_inventories
 from gpuslice.model import NodeInventory
-from gpuslice.packing.state import KIND_MIG, ClusterState, PackRequest, UnitSpec
+from gpuslice.packing.state import KIND_MIG, Candidates, ClusterState, PackRequest, UnitSpec
 
 LayoutMode = Literal["static", "dynamic"]
 LAYOUT_MODES: tuple[str, ...] = ("static", "dynamic")
@@ -86,6 +86,10 @@ class DynamicLayouts:
 
     def observe(self, req: PackRequest) -> None:
         self.planner.observe(req)
+
+    def instance_order(self, state: ClusterState, req: PackRequest, cands: Candidates) -> NDArray[np.float64] | None:
+        """The scheduler's tie-break among MIG instances (:meth:`LayoutPlanner.instance_order`)."""
+        return self.planner.instance_order(state, self.slots, req, cands)
 
     def recut_for(self, req: PackRequest, now: float = 0.0, *, nodes: NDArray[np.bool_] | None = None) -> Recut | None:
         """Plan and apply the re-cut that lets ``req`` in (None: no GPU's free slots can hold it)."""

@@ -224,6 +224,8 @@ class Replay:
         self.layouts = DynamicLayouts.build(self.state, {n.name: n.inventory for n in cluster.nodes}, mig_dynamic,
                                             memory_tolerance=self.state.memory_tolerance,
                                             wait_s=recut_wait_s) if mig_dynamic else None
+        if self.layouts is not None:
+            self.sched.instance_order = self.layouts.instance_order
         self._gpu_number = {(int(self.state.unit_node[u]), int(self.state.unit_gpu_index[u])): int(self.unit_gpu[u])
                             for u in range(self.state.n_units)}
 

@@ -126,3 +126,21 @@ def test_status_lists_wanted_and_actual_layouts() -> None:
     assert rows["gpu-a"].wanted is not None and rows["gpu-a"].wanted[-1] == ("3g.40gb", 4)
     assert "has not answered" in rows["gpu-a"].pending and rows["gpu-b"].wanted is None
     assert json.loads(written["gpu-a"])["v"] == ann.VERSION
+
+
+def test_the_filter_picks_the_free_instance_that_keeps_free_slots_usable() -> None:
+    g = mig_gpu("gpu-a", SEVEN)
+    busy = g.instances[4]  # 1g@4: the 4-7 half is broken, the 0-3 half is not
+    items = [node_obj("gpu-a", [g]), pod_obj("small", 1, node="gpu-a", assigned=list(busy.slice_ids()))]
+    picked = {}
+    for config in (DYNAMIC, None):
+        ext = static_extender(items, config=config, clock=Clock())
+        for n, k in enumerate([3, 4, 3]):  # the learned demand also asks bigger instances
+            ext.sched.observe(ext.sched.request_of(_mig_pod(f"o{n}", k))[1])  # type: ignore[arg-type]
+            ext.layouts.observe(ext.sched.request_of(_mig_pod(f"o{n}", k))[1])  # type: ignore[arg-type]
+        res = ext.filter(wire.ExtenderArgs(_mig_pod("one", 1), node_names=("gpu-a",)))
+        assert res.node_names == ("gpu-a",)
+        held = ext.view.reservations.get("uid-one")
+        assert held is not None
+        picked[config is not None] = next(i.start for i in g.instances if i.uuid == held.units[0][1])
+    assert picked[False] == 0 and picked[True] in (5, 6)

@@ -261,3 +261,31 @@ def test_status_from_node_objects_and_a_suggested_recut_for_a_pending_pod() -> N
     recut = suggest_recut(view, PackRequest(gpus=1, slices=3, uid="pending"))
     assert recut is not None and recut.node == "n1" and recut.target is not None and recut.target[0] == "3g.40gb"
     assert suggest_recut(view, PackRequest(gpus=1, slices=3), nodes=["other"]) is None
+
+
+def test_a_pod_takes_the_free_instance_that_keeps_the_free_slots_usable() -> None:
+    # 1g@4 is busy: the 4-7 half cannot hold a 3g or 4g any more, the 0-3 half still can. A 1g pod taking
+    # 1g@0 (the first free unit, the policy's tie) would break that half too; 1g@5 or @6 does not.
+    from gpuslice.scheduler import PackedCluster, Scheduler
+
+    st, slots = _state(_node(SEVEN_1G, busy=(4,)))
+    planner = LayoutPlanner(frozenset({H100}))
+    for n, k in enumerate([1, 3, 4, 1, 3, 4, 1, 3]):
+        planner.observe(PackRequest(gpus=1, slices=k, uid=f"o{n}"))
+    sched = Scheduler(PackedCluster(st), "fragmentation")
+    req = PackRequest(gpus=1, slices=1, uid="p")
+    plain = sched.rank(req)
+    assert slots[int(plain.cands.units[int(plain.best.index[0]), 0])][1] == 0
+    sched.instance_order = lambda state, r, cands: planner.instance_order(state, slots, r, cands)
+    ordered = sched.rank(req)
+    assert slots[int(ordered.cands.units[int(ordered.best.index[0]), 0])][1] in (5, 6)
+    assert LayoutPlanner(frozenset()).instance_order(st, slots, req, ordered.cands) is None  # static: untouched
+
+
+def test_before_orders_by_the_first_key_then_the_second_whatever_their_scales() -> None:
+    import numpy as np
+
+    from gpuslice.scheduler import before
+
+    key = before(np.array([0.0, -1e-6, 0.0, 5.0]), np.array([1e9, 3.0, -1e9, 0.0]))
+    assert list(np.argsort(-key)) == [3, 0, 2, 1]
