@@ -32,6 +32,11 @@ Two triggers, each with its measure:
   so the reverse re-cut would raise it by as much: layouts do not flap while the demand holds, and the
   demand is re-read only when the pods seen double (as the policy re-reads its target).
 
+And one order: which free instance of a size a pod takes decides which placements stay possible on
+its GPU (a 1g at memory slice 2 breaks both halves a 3g or 4g could use). The policies see instances
+as units and tie such choices; :meth:`LayoutPlanner.instance_order` breaks the tie by the dynamic
+measure (``Scheduler.instance_order``), so the extender and the simulator pick the same instance.
+
 The learned demand is a :class:`gpuslice.packing.frag.TargetWorkload` (the slice-model rule: size,
 memory floor, isolation, products), fed one pod at a time by :meth:`LayoutPlanner.observe`.
 """
