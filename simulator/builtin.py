@@ -234,7 +234,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         for policy in policies:  # unknown names and bad weights before the first run, not after some
             resolve(policy)
-        dynamic = dynamic_products(getattr(args, "mig_layouts", None), config)
+        present = {g.product for n in build_cluster().nodes for g in n.inventory.gpus if g.mode == "mig"}
+        dynamic = dynamic_products(getattr(args, "mig_layouts", None), config) & present
         results = run_all(policies, seeds, margin=margin, reservation_ttl_s=ttl, mig_dynamic=dynamic)
     except GpuSliceError as err:
         print(f"gpu-slice simulate: {err}", file=sys.stderr)
