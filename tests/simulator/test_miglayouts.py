@@ -96,3 +96,5 @@ def test_cli_mig_layouts_flag(fc_file: Path, capsys: pytest.CaptureFixture[str])
     assert "dynamic MIG layouts: {'recuts':" in out and "capacity counts every compute slice" in out
     assert main(["--nodes", str(fc_file), "--pods", str(fc_file), "--mig-layouts", "dynamic", "--mode", "wide"]) == 2
     assert "protocol only" in capsys.readouterr().err
+    assert main(["--nodes", "n.csv", "--pods", "p.csv", "--mig-layouts", "dynamic"]) == 2
+    assert "openb CSV traces: their nodes have no MIG GPUs" in capsys.readouterr().err
