@@ -19,9 +19,7 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-import yaml
-
-from deviceplugin.allocate import find_cdi_spec
+from deviceplugin.cdi import read_specs
 from deviceplugin.errors import RecutFailed
 
 log = logging.getLogger(__name__)
@@ -30,15 +28,6 @@ log = logging.getLogger(__name__)
 #: and by index, the toolkit's default strategies; the plugin hands out UUID names).
 DEFAULT_COMMAND = "nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml"
 TIMEOUT_S = 120.0
-
-
-def spec_names(path: Path) -> frozenset[str]:
-    """The device names a CDI spec file defines (``devices[].name``)."""
-    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    devices = doc.get("devices") if isinstance(doc, dict) else None
-    if not isinstance(devices, list):
-        return frozenset()
-    return frozenset(str(d.get("name")) for d in devices if isinstance(d, dict) and d.get("name"))
 
 
 class CdiRefresher:
@@ -63,13 +52,14 @@ class CdiRefresher:
         if done.returncode != 0:
             raise RecutFailed(f"CDI refresh {' '.join(self.argv)!r} exited {done.returncode}: "
                               f"{(done.stderr or done.stdout).strip()[-400:]}")
-        spec = find_cdi_spec(self.vendor, self.class_, self.spec_dirs)
-        if spec is None:
-            raise RecutFailed(f"after {' '.join(self.argv)!r} no CDI spec of kind {self.vendor}/{self.class_} is in "
+        specs = read_specs(self.vendor, self.class_, self.spec_dirs)
+        if not specs.paths:
+            raise RecutFailed(f"after {' '.join(self.argv)!r} no CDI spec of kind {specs.kind} is in "
                               f"{', '.join(str(d) for d in self.spec_dirs)}")
-        names = spec_names(spec)
-        missing = [u for u in wanted if u not in names]
+        missing = [u for u in wanted if u not in specs.names]
         if missing:
-            raise RecutFailed(f"CDI spec {spec} does not name {', '.join(missing)} after {' '.join(self.argv)!r}")
+            raise RecutFailed(f"the CDI specs {', '.join(str(p) for p in specs.paths)} do not name "
+                              f"{', '.join(missing)} after {' '.join(self.argv)!r}")
+        spec = specs.paths[0]
         log.info("CDI spec %s names the new MIG instances %s", spec, ", ".join(wanted))
         return spec

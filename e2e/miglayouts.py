@@ -1,4 +1,4 @@
-"""Helpers of the dynamic-MIG-layout scenario (``test_7_mig_layouts.py``): a node of its own, and the
+"""Helpers of the dynamic-MIG-layout scenario (``test_9z_mig_layouts.py``): a node of its own, and the
 extenders and that node's plugin run with ``migLayouts.H100-80GB.dynamic: true`` for the scenario only.
 
 The session's three nodes and its shipped config stay as they are for every other scenario: the
@@ -52,10 +52,11 @@ def dynamic_node(system: System) -> Iterator[str]:
         yield NODE
     finally:
         node = system.nodes.pop(NODE, None)
-        if node is not None and node.plugin is not None:
-            node.plugin.stop()
-            with contextlib.suppress(Exception):
-                system.procs.remove(node.plugin)
+        for proc in (node.plugin, node.mps) if node is not None else ():
+            if proc is not None:
+                proc.stop()
+                with contextlib.suppress(Exception):
+                    system.procs.remove(proc)
         with contextlib.suppress(Exception):
             cluster("stop", str(system.work), f"node-{NODE}")
         with contextlib.suppress(Exception):

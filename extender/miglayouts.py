@@ -145,6 +145,10 @@ class LayoutPublisher:
         self.refused.move_to_end(req.uid)
         self._wake.set()
 
+    def recutting(self, uid: str) -> bool:
+        """Whether a re-cut for this pod is in flight (the shape preemptor then evicts nobody for it)."""
+        return any(i.recut.pod == uid for i in self.intents.values())
+
     def on_node(self, obj: Mapping[str, Any]) -> None:
         """A Node event or relist item: read its wanted layouts and the plugin's results."""
         meta = obj.get("metadata") or {}

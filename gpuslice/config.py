@@ -23,9 +23,9 @@ Reading the file is the services' job; this module only validates a mapping or Y
     prices:
       instanceTypes: {p5.48xlarge: {on-demand: 98.32, spot: 39.3}}   # $/node-hour
       gpuHourly: {H100-80GB: 4.1}                                     # $/GPU-hour fallback
-    migLayouts:                    # per MIG-capable catalogue product
+    migLayouts:                    # per MIG-capable catalogue product; others keep whatever they carry
       H100-80GB:
-        layout: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]   # a static layout (optional)
+        layout: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]   # the static layout such GPUs carry
         dynamic: false             # true: re-cut free MIG slots to Pending demand (gpuslice.miglayout)
 """
 
@@ -35,7 +35,7 @@ from collections.abc import Callable, Collection, Hashable, Mapping
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from gpuslice import ids
@@ -150,15 +150,17 @@ class Prices(_Strict):
 
 
 class MigLayout(_Strict):
-    """One product's MIG layouts: an optional static layout (profile names, each placed at a legal
-    start) and whether free placement slots follow demand (``dynamic``, off by default)."""
+    """One product's MIG layout: the static layout its GPUs carry (profile names, validated as a real
+    placement on the product; made on the node by the GPU Operator's MIG manager or mig-parted, never
+    by gpu-slice) and whether free placement slots follow demand (``dynamic``: gpuslice.miglayout decides
+    the re-cuts, the extender publishes them, the device plugin makes them; off by default)."""
 
     layout: tuple[str, ...] | None = None
     dynamic: bool = Field(default=False, strict=True)
 
 
 def _check_mig_layouts(value: dict[str, MigLayout]) -> dict[str, MigLayout]:
-    from gpuslice.miglayout import place_profiles
+    from gpuslice.model import place_mig_layout
 
     for name, entry in value.items():
         if name not in PRODUCTS:
@@ -169,17 +171,19 @@ def _check_mig_layouts(value: dict[str, MigLayout]) -> dict[str, MigLayout]:
                                       {"name": name, _SUBPATH: name})
         if entry.layout is None:
             continue
-        known = {p.name for p in prod.mig_profiles}
+        if not entry.layout:
+            raise PydanticCustomError("empty_layout", "list at least one MIG profile",
+                                      {_SUBPATH: f"{name}.layout"})
+        known = [p.name for p in prod.mig_profiles]
         for n, profile in enumerate(entry.layout):
             if profile not in known:
                 raise PydanticCustomError(
-                    "unknown_profile", "{product} has no MIG profile '{profile}'; known: {known}",
-                    {"product": name, "profile": profile, "known": ", ".join(p.name for p in prod.mig_profiles),
-                     _SUBPATH: f"{name}.layout.{n}"})
-        if place_profiles(name, entry.layout) is None:
-            raise PydanticCustomError(
-                "bad_layout", "no legal MIG layout of {product} holds {layout} (placements, compute and "
-                "count limits)", {"product": name, "layout": ", ".join(entry.layout), _SUBPATH: f"{name}.layout"})
+                    "unknown_profile", "'{profile}' is not a MIG profile of {name}; known: {known}",
+                    {"profile": profile, "name": name, "known": ", ".join(known), _SUBPATH: f"{name}.layout.{n}"})
+        try:
+            place_mig_layout(name, entry.layout, where=f"the {name} layout")
+        except GpuSliceError as err:
+            raise PydanticCustomError("bad_layout", "{err}", {"err": str(err), _SUBPATH: f"{name}.layout"}) from None
     return value
 
 
@@ -273,6 +277,21 @@ class Config(_Strict):
             path = f"modes.gpus.{uuid}" if uuid in self.modes.gpus else "modes.default"
             raise ConfigError([(path, f"GPU {uuid} is a {product_name}, which does not support mig mode")])
         return mode
+
+    @model_validator(mode="after")
+    def _layouts_are_for_mig_gpus(self) -> Config:
+        for name, entry in self.mig_layouts.items():
+            mode = self.modes.products.get(name) or self.modes.default
+            if entry.layout is not None and mode != "mig":
+                raise PydanticCustomError(
+                    "layout_not_mig", "a MIG layout for {name} GPUs, but modes gives {name} mode {mode}; set "
+                    "modes.products.{name}: mig", {"name": name, "mode": mode, _SUBPATH: f"migLayouts.{name}"})
+        return self
+
+    def mig_layout_for(self, product_name: str) -> tuple[str, ...] | None:
+        """The static MIG layout the config says GPUs of this product carry (None: not said)."""
+        entry = self.mig_layouts.get(product_name)
+        return None if entry is None else entry.layout
 
     def policy_weights(self) -> dict[str, float]:
         """Policy name → weight, in config order."""

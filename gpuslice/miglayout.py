@@ -219,26 +219,6 @@ def most_instances(product_name: str, kept: tuple[Slot, ...], profiles: tuple[st
     return max(len(f) for f in fills(product_name, kept, profiles))
 
 
-def place_profiles(product_name: str, profiles: Sequence[str]) -> tuple[Slot, ...] | None:
-    """A legal layout holding exactly these profiles (each at some legal start), or None when none
-    exists; the first found with the larger instances placed first, so the result is deterministic."""
-    prod = _prod(product_name)
-    order = sorted(profiles, key=lambda n: (-prod.profile(n).memory_slices, n))
-
-    def walk(i: int, chosen: tuple[Slot, ...]) -> tuple[Slot, ...] | None:
-        if i == len(order):
-            return tuple(sorted(chosen, key=lambda s: s[1]))
-        for start in prod.profile(order[i]).starts:
-            nxt = (*chosen, (order[i], start))
-            if legal(product_name, tuple(sorted(nxt))):
-                found = walk(i + 1, nxt)
-                if found is not None:
-                    return found
-        return None
-
-    return walk(0, ())
-
-
 @functools.lru_cache(maxsize=65536)
 def accepting(product_name: str, shape: DemandShape, tolerance: float) -> tuple[str, ...]:
     """The creatable profiles of the product that a pod of ``shape`` may be given."""

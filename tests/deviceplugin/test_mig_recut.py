@@ -193,7 +193,7 @@ def test_cdi_refresh_runs_the_generator_and_checks_the_names(tmp_path: Path) -> 
                       "open(sys.argv[1], 'w'))\n")
     ok = CdiRefresher(f"{sys.executable} {script} {spec} MIG-a MIG-b", "nvidia.com", "gpu", [tmp_path])
     assert ok.refresh(["MIG-a"]) == spec
-    with pytest.raises(RecutFailed, match="does not name MIG-c"):
+    with pytest.raises(RecutFailed, match="do not name MIG-c"):
         ok.refresh(["MIG-c"])
     with pytest.raises(RecutFailed, match="exited 1"):
         CdiRefresher(f"{sys.executable} -c 'raise SystemExit(1)'", "nvidia.com", "gpu", [tmp_path]).refresh(["x"])

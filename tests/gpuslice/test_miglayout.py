@@ -22,7 +22,6 @@ from gpuslice.miglayout import (
     gpu_layouts,
     layout_status,
     legal,
-    place_profiles,
     slots_from_inventories,
     static_fragment,
 )
@@ -54,14 +53,6 @@ def test_fills_of_an_empty_gpu_are_exactly_the_legal_layouts_without_media_exten
                 if _valid(product, tuple(sorted(combo))):
                     legal_sets.add(frozenset(combo))
         assert {frozenset(f) for f in fills(product, ())} == legal_sets
-
-
-def test_place_profiles_finds_a_layout_or_says_none() -> None:
-    assert place_profiles(H100, ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]) == (
-        ("2g.20gb", 0), ("1g.10gb", 2), ("1g.10gb", 3), ("3g.40gb", 4))
-    assert place_profiles(H100, ["4g.40gb", "3g.40gb"]) == (("4g.40gb", 0), ("3g.40gb", 4))
-    assert place_profiles(H100, ["4g.40gb", "4g.40gb"]) is None
-    assert place_profiles(H100, ["1g.10gb"] * 8) is None
 
 
 def _node(layout: tuple[tuple[str, int], ...], *, busy: tuple[int, ...] = (), name: str = "n1",
