@@ -13,6 +13,7 @@ suggestions for every Pending pod (the CLI) and with the slice map's bounds (sug
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -49,6 +50,9 @@ def main() -> int:
     p.add_argument("--pending", type=int, default=100)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--pods-per-node", type=int, default=60, help="fake-cluster pods per node (60: nodes full)")
+    p.add_argument("--gc-freeze", action="store_true",
+                   help="gc.freeze() once the view is built, as the extender does after each relist, so full "
+                        "collections do not walk the view (they otherwise show as the longest steps)")
     args = p.parse_args()
     fake = generate(FakeClusterSpec(nodes=args.nodes, mode="mixed", pods_per_node=args.pods_per_node, seed=1))
     items = [*fake.document["items"], *pending(args.pending)]
@@ -56,16 +60,31 @@ def main() -> int:
     view = ClusterView.from_objects(items, NOW)
     sched = Scheduler.from_config(view)
     built = time.perf_counter() - t0
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
     print(f"{args.nodes} nodes x 8 GPUs, {len(view.pods)} pods ({args.pending} Pending); view built in {built:.2f} s")
     from extender.slicemap import EVICTION_NODES, MAX_SUGGESTIONS
 
     for label, limit, nodes in (("every Pending pod (gpu-slice status)", None, None),
                                 (f"the first {MAX_SUGGESTIONS}, {EVICTION_NODES} nodes each (slice map refresh)",
                                  MAX_SUGGESTIONS, EVICTION_NODES)):
-        times = []
+        times: list[float] = []
+        holds: list[float] = []  # each step's time under the hold (the extender's lock in a live build)
+
+        class Hold:
+            def __init__(self, sink: list[float] = holds) -> None:
+                self.sink = sink
+
+            def __enter__(self) -> None:
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc: object) -> None:
+                self.sink.append(time.perf_counter() - self.t0)
+
         for _ in range(args.repeat):
             t0 = time.perf_counter()
-            st = build_status(view, sched, NOW, max_suggestions=limit, eviction_nodes=nodes)
+            st = build_status(view, sched, NOW, max_suggestions=limit, eviction_nodes=nodes, hold=Hold)
             times.append(time.perf_counter() - t0)
         kinds: dict[str, int] = {}
         for pod in st.pending:
@@ -74,6 +93,10 @@ def main() -> int:
         print(f"  suggestions for {label}: median {statistics.median(times):.2f} s, min {min(times):.2f} s "
               f"over {args.repeat}; first suggestion kinds {dict(sorted(kinds.items()))}; "
               f"stranded {st.capacity.stranded} of {st.capacity.free} free slices")
+        holds.sort()
+        print(f"    one step under the hold: p50 {1e3 * holds[len(holds) // 2]:.2f} ms, "
+              f"p99 {1e3 * holds[int(len(holds) * 0.99)]:.1f} ms, longest {1e3 * holds[-1]:.1f} ms "
+              f"({len(holds) // args.repeat} steps a build)")
     return 0
 
 

@@ -31,15 +31,16 @@ from extender.authgate import AuthGate
 from extender.service import Extender
 
 #: Pending pods whose suggestions are worked out per refresh (highest priority first), and refused
-#: nodes an eviction search tries per pod shape; the rest show reasons only. The status is built
-#: under the extender's lock (one consistent view), so a refresh must stay short: ``gpu-slice
-#: status`` is the unbounded look. Figures: bench/bench_status.py, bench/RESULTS.md.
+#: nodes an eviction search tries per pod shape; the rest show reasons only. A build takes the
+#: extender's lock one step at a time, but its CPU still competes with the verbs (one interpreter),
+#: so a refresh must stay short: ``gpu-slice status`` is the unbounded look. Figures:
+#: bench/bench_status.py, bench/RESULTS.md.
 MAX_SUGGESTIONS = 20
 EVICTION_NODES = 20
 #: One status serves every viewer for this long: open pages never add up to more than one build.
 CACHE_S = 5.0
-#: ... and at least this many times as long as the last build took, so the map holds the extender's
-#: lock for at most a tenth of the time however large the cluster (a 2 s build: one per 20 s).
+#: ... and at least this many times as long as the last build took, so the map takes at most a tenth
+#: of the interpreter's time however large the cluster (a 2 s build: one per 20 s).
 DUTY = 10.0
 
 _STATIC = {"slicemap.js": "text/javascript", "slicemap.css": "text/css"}
@@ -57,12 +58,12 @@ def _asset(name: str) -> bytes:
 
 
 def snapshot(ext: Extender, max_suggestions: int | None = MAX_SUGGESTIONS) -> dict[str, Any]:
-    """The status as the slice map's JSON, taken under the extender's lock (one consistent view)."""
+    """The status as the slice map's JSON. The extender's lock is taken per step (the pod scan, one node,
+    one Pending pod), so the verbs never wait for a whole build, only for one step."""
     from gpuslice.status import build_status
 
-    with ext.lock:
-        st = build_status(ext.view, ext.sched, ext.clock(), max_suggestions=max_suggestions,
-                          eviction_nodes=EVICTION_NODES)
+    st = build_status(ext.view, ext.sched, ext.clock(), max_suggestions=max_suggestions,
+                      eviction_nodes=EVICTION_NODES, hold=lambda: ext.lock)
     data = st.to_dict()
     data["ready"] = ext.ready
     data["slicesPerGpu"] = ext.view.settings.slices_per_gpu

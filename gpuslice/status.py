@@ -19,7 +19,8 @@ node of a product that takes the pod.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -176,19 +177,24 @@ def _shape(req: PackRequest) -> PackRequest:
     return replace(req, owner="", uid="")
 
 
-def _usable_by(view: ClusterView, shapes: Iterable[PackRequest]) -> NDArray[np.bool_]:
+def _usable_by(view: ClusterView, shapes: Iterable[PackRequest],
+               hold: Callable[[], AbstractContextManager[Any]] = nullcontext) -> NDArray[np.bool_]:
     """Per unit row: some shape could be placed there now (the state's own fit, CPU and memory of
-    the unit's node included)."""
-    st = view.state
-    out = np.zeros(st.n_units + 1, dtype=bool)
+    the unit's node included). One shape's fit per ``hold``."""
+    found: list[NDArray[np.intp]] = []
     for shape in shapes:
-        fit = st.fit(shape)
-        if fit.unit_ok.shape[0] == 0:
-            continue
-        node_ok = fit.feasible
-        rows = np.flatnonzero(fit.unit_ok[: st.n_units])
-        if rows.shape[0]:
-            out[rows[node_ok[st.unit_node[rows]]]] = True
+        with hold():
+            st = view.state
+            fit = st.fit(shape)
+            if fit.unit_ok.shape[0] == 0:
+                continue
+            rows = np.flatnonzero(fit.unit_ok[: st.n_units])
+            if rows.shape[0]:
+                found.append(rows[fit.feasible[st.unit_node[rows]]])
+    with hold():
+        out = np.zeros(view.state.n_units + 1, dtype=bool)  # rows only ever get appended
+    for rows in found:
+        out[rows[rows < out.shape[0]]] = True
     return out
 
 
@@ -235,7 +241,8 @@ def _units(view: ClusterView, name: str, gpu: Gpu, usable_by: NDArray[np.bool_],
         row = keys.get(uuid)
         free = int(st.unit_free[row]) if row is not None else 0
         ok = row is not None and bool(st.unit_usable[row])
-        stranded = free if ok and free and not usable_by[row] else 0
+        # a row appended since usable_by was worked out counts as usable: never called stranded unseen
+        stranded = free if ok and free and row < usable_by.shape[0] and not usable_by[row] else 0
         out.append(UnitStatus(uuid, profile, start, slices, memory, free, stranded,
                               _holder_list(view, claims, held.get(uuid, []))))
     return tuple(out)
@@ -252,20 +259,27 @@ def _disagreements(name: str, claims: Mapping[str, Claim]) -> list[Disagreement]
 
 
 def build_status(view: ClusterView, sched: Scheduler, now: float, *,
-                 max_suggestions: int | None = None, eviction_nodes: int | None = None) -> ClusterStatus:
+                 max_suggestions: int | None = None, eviction_nodes: int | None = None,
+                 hold: Callable[[], AbstractContextManager[Any]] = nullcontext) -> ClusterStatus:
     """The whole picture at ``now`` (seconds since the epoch, the caller's clock).
 
     ``max_suggestions``: work out suggestions for at most this many Pending pods (highest priority,
     then oldest, first; the slice map bounds its cost with it), the rest get reasons only.
     ``eviction_nodes``: refused nodes an eviction search tries per pod shape (default: kube-scheduler's
     own sample, ``EVICTION_NODES`` or 10 % of the nodes); Pending pods of one shape and priority share
-    one search, as nothing changes between them."""
-    view.expire(now)
+    one search, as nothing changes between them.
+    ``hold``: entered around each step (the pod scan, one node, one Pending pod) that reads the view; a
+    live service passes its lock, so its verbs wait for one step at most, never for the whole picture.
+    Each node and each Pending pod is then consistent in itself; the picture as a whole may straddle
+    events that arrived between steps, as any live listing does."""
     s = view.settings.slices_per_gpu
     pending_info = []
     shapes: dict[PackRequest, None] = {}
-    for p in view.pods.values():
-        info = p.info
+    with hold():
+        view.expire(now)
+        scanned = [(p.info, p.claim is None) for p in view.pods.values()]
+        names = sorted(view.nodes)
+    for info, unclaimed in scanned:  # pod projections are immutable: no hold needed to read them
         if info.terminal or (info.request is None and not info.error):
             continue
         req: PackRequest | None = None
@@ -276,48 +290,60 @@ def build_status(view: ClusterView, sched: Scheduler, now: float, *,
                 req = None
         if req is not None:
             shapes.setdefault(_shape(req), None)
-        if not info.node and p.claim is None:
+        if not info.node and unclaimed:
             pending_info.append((info, req))
-    usable_by = _usable_by(view, shapes)
+    usable_by = _usable_by(view, shapes, hold)
     nodes: list[NodeStatus] = []
     disagreements: list[Disagreement] = []
     cap = Capacity(shapes=len(shapes))
     totals = Counter[str]()
     idle_mig: list[tuple[str, int, Gpu]] = []  # (node, row, GPU): MIG GPUs no pod or reservation holds
-    for name in sorted(view.nodes):
-        n = view.nodes[name]
-        inv = n.info.inventory
-        if inv is None and not n.info.error:
-            continue  # not a GPU node of ours
-        gpus: list[GpuStatus] = []
-        if inv is not None and n.row >= 0:
-            held = _holders(view, name)
-            claims = _claims(view, name, set(n.held.values()))
-            for gpu in sorted(inv.gpus, key=lambda g: g.index):
-                units = _units(view, name, gpu, usable_by, held, claims)
-                if gpu.mode == "mig" and gpu.schedulable and not any(u.holders for u in units):
-                    idle_mig.append((name, n.row, gpu))
-                g = GpuStatus(gpu.uuid, gpu.index, gpu.product, gpu.mode, gpu.slices, gpu.memory_mib, gpu.healthy,
-                              gpu.cordoned, units)
-                gpus.append(g)
-                totals["gpus"] += 1
-                totals["slices"] += gpu.slices
-                totals["held"] += sum(h.slices for u in units for h in u.holders)
-                if gpu.schedulable:
-                    totals["free"] += sum(u.free for u in units)
-                    totals["stranded"] += sum(u.stranded for u in units) if shapes else 0
-                else:
-                    totals["unavailable"] += sum(u.free for u in units)
-            disagreements += _disagreements(name, claims)
-        nodes.append(NodeStatus(name, n.info.spec.product, n.info.error, tuple(gpus)))
+    for name in names:
+        with hold():
+            n = view.nodes.get(name)
+            if n is None:
+                continue  # removed since the scan
+            inv = n.info.inventory
+            if inv is None and not n.info.error:
+                continue  # not a GPU node of ours
+            gpus: list[GpuStatus] = []
+            if inv is not None and n.row >= 0:
+                held = _holders(view, name)
+                claims = _claims(view, name, set(n.held.values()))
+                for gpu in sorted(inv.gpus, key=lambda g: g.index):
+                    units = _units(view, name, gpu, usable_by, held, claims)
+                    if gpu.mode == "mig" and gpu.schedulable and not any(u.holders for u in units):
+                        idle_mig.append((name, n.row, gpu))
+                    g = GpuStatus(gpu.uuid, gpu.index, gpu.product, gpu.mode, gpu.slices, gpu.memory_mib,
+                                  gpu.healthy, gpu.cordoned, units)
+                    gpus.append(g)
+                    totals["gpus"] += 1
+                    totals["slices"] += gpu.slices
+                    totals["held"] += sum(h.slices for u in units for h in u.holders)
+                    if gpu.schedulable:
+                        totals["free"] += sum(u.free for u in units)
+                        totals["stranded"] += sum(u.stranded for u in units) if shapes else 0
+                    else:
+                        totals["unavailable"] += sum(u.free for u in units)
+                disagreements += _disagreements(name, claims)
+            nodes.append(NodeStatus(name, n.info.spec.product, n.info.error, tuple(gpus)))
     cap = replace(cap, **{k: int(v) for k, v in totals.items()})
     pending_info.sort(key=lambda t: (-t[0].priority, t[0].created, t[0].label))
-    alive = int(view.state.node_alive[: view.state.n_nodes].sum())
+    with hold():
+        alive = int(view.state.node_alive[: view.state.n_nodes].sum())
     search = _Search(eviction_nodes if eviction_nodes is not None else max(EVICTION_NODES, alive // 10), idle_mig)
-    pending = [_pending(view, info, req, now, search, suggest=max_suggestions is None or i < max_suggestions)
-               for i, (info, req) in enumerate(pending_info)]
+    pending: list[PendingPod] = []
+    for i, (info, req) in enumerate(pending_info):
+        with hold():
+            now_pod = view.pods.get(info.uid)
+            if now_pod is None or now_pod.info.node or now_pod.claim is not None:
+                continue  # deleted or placed since the scan
+            pending.append(_pending(view, info, req, now, search,
+                                    suggest=max_suggestions is None or i < max_suggestions))
+    with hold():
+        problems = tuple(view.problems())
     when = datetime.fromtimestamp(now, UTC)
-    return ClusterStatus(when, cap, tuple(nodes), tuple(pending), tuple(disagreements), tuple(view.problems()))
+    return ClusterStatus(when, cap, tuple(nodes), tuple(pending), tuple(disagreements), problems)
 
 
 # --------------------------------------------------------------------------- Pending pods
@@ -409,6 +435,9 @@ def _recut(view: ClusterView, req: PackRequest, fit: Fit, idle_mig: list[tuple[s
         return None
     tol = view.settings.memory_tolerance
     for name, v, gpu in idle_mig:
+        node = view.nodes.get(name)
+        if node is None or node.row != v:
+            continue  # removed or re-laid out since the node pass
         if not (fit.cpu[v] and fit.memory[v] and fit.product[v]):
             continue
         if any(i.compute_slices == req.slices for i in gpu.instances):

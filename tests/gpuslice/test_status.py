@@ -173,3 +173,40 @@ def test_remedies_pick_real_profiles_and_products() -> None:
     mig_only = PackRequest(gpus=1, slices=3, isolation="mig")
     assert {f.mode for f in fitting_products(mig_only, S, 0.03)} == {"mig"}
     assert gpu_uuid("n", 0)  # the helpers are shared with the view tests
+
+
+def test_a_live_build_holds_the_lock_one_step_at_a_time() -> None:
+    """The slice map passes the extender's lock as ``hold``: each step takes it on its own (never nested,
+    never the whole build), and a pod deleted between the scan and its own step is left out."""
+    mps = mps_gpu("n1", 0)
+    objs = [node_obj("n1", [mps]), node_obj("n2", [mps_gpu("n2", 0)]),
+            pod_obj("a", 3, node="n1", assigned=sids(mps.uuid, 3)),
+            pod_obj("p", 2 * S), pod_obj("q", 2 * S)]  # two Pending pods asking two whole GPUs: none here
+    view = ClusterView.from_objects(objs, NOW)
+    sched = Scheduler.from_config(view)
+    entries: list[int] = []
+    depth = [0]
+    delete_at = [0]
+
+    class Hold:
+        def __enter__(self) -> None:
+            assert depth[0] == 0, "a step nested in another one"
+            depth[0] += 1
+            entries.append(1)
+            if len(entries) == delete_at[0]:
+                view.remove_pod("q")
+
+        def __exit__(self, *exc: object) -> None:
+            depth[0] -= 1
+
+    whole = build_status(view, sched, NOW, hold=Hold)
+    steps = len(entries)
+    # the scan, one per shape (3 and 2*S slices) and the row count, one per node, the alive count, one per
+    # Pending pod, the problems
+    assert steps == 1 + 2 + 1 + 2 + 1 + 2 + 1
+    assert [p.pod for p in whole.pending] == ["ns/pod-p", "ns/pod-q"]
+    entries.clear()
+    delete_at[0] = steps - 2  # p's step (Pending pods go p, q, then the problems): q goes before its own
+    st = build_status(view, sched, NOW, hold=Hold)
+    assert [p.pod for p in st.pending] == ["ns/pod-p"]
+    assert [n.name for n in st.nodes] == ["n1", "n2"]
