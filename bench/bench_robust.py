@@ -56,6 +56,7 @@ from simulator.engine import EngineOptions, replay, simulate
 from simulator.inflate import inflate
 from simulator.kubefile import inflate_requests, load_kube_cluster
 from simulator.metrics import unallocated_at
+from simulator.miglayouts import DynamicLayouts
 from simulator.openb import MILLI, read_nodes, read_pods
 
 SHARED = ("default", "cpu050", "gpushare40", "gpushare80", "gpuspec20", "multigpu30")
@@ -71,12 +72,17 @@ def spec(policy: str) -> str:
 
 
 def departures_replay(state: ClusterState, shapes: Sequence[PackRequest], policy: str, seed: int, *,
-                      load: float = 1.2, horizon: float = 3.0) -> tuple[float, float]:
+                      load: float = 1.2, horizon: float = 3.0, layouts: DynamicLayouts | None = None,
+                      capacity: float | None = None, wait: float = 0.0) -> tuple[float, float]:
     """Poisson arrivals of ``shapes`` (drawn with the seed), exponential lifetimes (mean 1), offered
     load ``load`` x capacity; pods that fit nowhere are dropped. Returns (time-averaged unallocated
-    slice % over t in [horizon/3, horizon], % of pods dropped)."""
+    slice % over t in [horizon/3, horizon], % of pods dropped).
+
+    ``layouts``: a pod refused everywhere gets the core's MIG re-cut (``bench_mig_layouts.py``); it
+    then waits ``wait`` (in lifetimes) before it runs, its slices counted unallocated meanwhile.
+    ``capacity``: the slices the load and the figure are of (default: those advertised now)."""
     rng = np.random.default_rng([seed, 99])
-    total = float(state.total_slices)
+    total = float(state.total_slices if capacity is None else capacity)
     mean_slices = float(np.mean([r.total_slices for r in shapes]))
     rate = load * total / mean_slices  # arrivals per unit time, mean lifetime 1
     n = int(rate * horizon)
@@ -85,21 +91,30 @@ def departures_replay(state: ClusterState, shapes: Sequence[PackRequest], policy
     picks = rng.integers(len(shapes), size=n)
     cluster = PackedCluster(state)
     sched = Scheduler(cluster, spec(policy), seed=seed, trace=list(shapes))
+    if layouts is not None:
+        sched.instance_order = layouts.instance_order
     heap: list[tuple[float, int, int, list[int], int, int, int, str]] = []
     start = horizon / 3.0
     area = 0.0
     last = 0.0
     dropped = 0
     counted = 0
+    waiting = 0  # slices held by pods that wait for their re-cut (not yet running)
+    starts: list[tuple[float, int]] = []
 
     def advance(t: float) -> None:
         nonlocal area, last
-        area += (max(t, start) - max(last, start)) * state.allocated_slices
+        area += (max(t, start) - max(last, start)) * (state.allocated_slices - waiting)
         last = t
 
     for i in range(n):
         t = float(times[i])
-        while heap and heap[0][0] <= t:
+        while (heap and heap[0][0] <= t) or (starts and starts[0][0] <= t):
+            if starts and (not heap or starts[0][0] <= heap[0][0]):
+                when, held = heapq.heappop(starts)
+                advance(when)
+                waiting -= held
+                continue
             d = heapq.heappop(heap)
             advance(d[0])
             state.give_back(d[2], d[3], d[4], d[5], d[6], d[7])
@@ -107,6 +122,12 @@ def departures_replay(state: ClusterState, shapes: Sequence[PackRequest], policy
         req = replace(shapes[int(picks[i])], uid=f"p{i}")
         sched.observe(req)
         chosen, ranked, _ = sched.filter_request(req, None, float(i), explain_refused=False)
+        delay = 0.0
+        if layouts is not None:
+            layouts.observe(req)
+            if chosen.node.shape[0] == 0 and layouts.recut_for(req, t) is not None:
+                chosen, ranked, _ = sched.filter_request(req, None, float(i), explain_refused=False)
+                delay = wait
         if t > start:
             counted += 1
         if chosen.node.shape[0] == 0:
@@ -116,7 +137,10 @@ def departures_replay(state: ClusterState, shapes: Sequence[PackRequest], policy
         c = int(chosen.index[0])
         node = int(ranked.cands.node[c])
         units = ranked.cands.units[c].tolist() if req.gpus else []
-        heapq.heappush(heap, (t + float(lives[i]), i, node, units, req.slices, req.cpu_milli, req.memory_mib,
+        if delay > 0 and units:
+            waiting += req.slices * len(units)
+            heapq.heappush(starts, (t + delay, req.slices * len(units)))
+        heapq.heappush(heap, (t + delay + float(lives[i]), i, node, units, req.slices, req.cpu_milli, req.memory_mib,
                               req.owner))
     end = float(times[-1])
     allocated = area / max(end - start, 1e-9) / total

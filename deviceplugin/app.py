@@ -33,6 +33,7 @@ from deviceplugin.dcgm import DcgmCollector, DcgmOptions, SliceUse
 from deviceplugin.errors import DevicePluginError, KubeApiError, KubeUnavailable
 from deviceplugin.kube import KubeClient, Obj, Watcher, load_api_client
 from deviceplugin.metrics import PluginMetrics
+from deviceplugin.miglayouts import LayoutApplier
 from deviceplugin.mps_limits import MpsLimitKeeper
 from deviceplugin.pod_series import PodSeriesCollector
 from deviceplugin.registration import Registrar
@@ -72,7 +73,7 @@ def make_backend(settings: Settings) -> Backend:
         mps = MpsSupervisor(MpsOptions(root=settings.mps_dir, control_command=standin_command(),
                                        probe_interval_s=1.0, backoff_initial_s=0.5, backoff_max_s=5.0,
                                        tick_s=0.2), owns_daemons=owns, marks_wanted=True)
-        return SimulatedBackend(topo, mps=mps)
+        return SimulatedBackend(topo, mps=mps, layout_file=settings.mps_dir / "simulated-mig-layouts.yaml")
     from deviceplugin.nvml_backend import NvmlBackend
 
     # Adopting a daemon the gpu-slice-mps DaemonSet starts is a cheap probe: retry it often.
@@ -144,6 +145,8 @@ class DevicePluginApp:
         self._reported_unhealthy: set[str] = set()  # owners a GpuUnhealthy event was sent for
         self._health_synced = False
         self.budget: BudgetWatch | None = None
+        self.layouts: LayoutApplier | None = None  # dynamic MIG layouts (deviceplugin.miglayouts)
+        self._last_node: Obj | None = None
 
     # ---------------------------------------------------------------- start-up
 
@@ -210,6 +213,7 @@ class DevicePluginApp:
         await self._discover(reconcile=True, quiet=True)
         await self._check_cdi()
         await self._check_coexistence()
+        self._start_layouts()
         state.listeners.append(self._on_state_change)
         self._refresh_metrics_snapshot()
         self.metrics.watch_inventory(self._metrics_inventory, lambda: dict(state.unhealthy))
@@ -251,6 +255,23 @@ class DevicePluginApp:
         self.registry.register(PodSeriesCollector(
             s.node_name, self._metrics_inventory, lambda: self._dcgm_uses, usage,
             lambda: self.budget.client_memory if self.budget is not None else None))
+
+    def _start_layouts(self) -> None:
+        """The applier of the extender's wanted MIG layouts, once the GPUs are known (needs the API)."""
+        s, state, backend = self.settings, self.state, self.backend
+        if self.kube is None or state is None or backend is None:
+            return
+        refresher = None
+        if s.backend == "nvml" and s.device_injection == "cdi":
+            from deviceplugin.cdi_refresh import CdiRefresher
+
+            refresher = CdiRefresher(s.cdi_refresh_command, s.cdi_vendor, s.cdi_class, s.cdi_spec_dirs)
+        self.layouts = LayoutApplier(state=state, backend=backend, config=s.config, held=self._allocated,
+                                     rediscover=self._discover, labels=lambda: node_labels(state.inventory().gpus),
+                                     write=self.kube.client.patch_node, refresher=refresher,
+                                     event=self._node_event, registry=self.registry)
+        if self._last_node is not None:
+            self.layouts.on_node(self._last_node)
 
     def _connect_kube(self) -> AssignmentBook | None:
         s = self.settings
@@ -532,6 +553,9 @@ class DevicePluginApp:
             return
         if self.kube is not None:
             self.kube.node_uid = str((obj.get("metadata") or {}).get("uid", ""))
+        self._last_node = obj
+        if self.layouts is not None:
+            self.layouts.on_node(obj)
         raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(CORDON_KEY)
         try:
             cordoned = parse_cordon(raw)
@@ -598,7 +622,7 @@ class DevicePluginApp:
             self._spawn(self._node_event("GpuRecovered", f"{owner} is healthy again", "Normal"))
 
     def _on_state_change(self, kind: str) -> None:
-        if kind in ("layout", "health", "cordon", "refused"):
+        if kind in ("layout", "health", "cordon", "refused", "withdrawn"):
             self._publish.set()
 
     def _on_allocate(self, placement: Placement, match: Candidate | None) -> None:

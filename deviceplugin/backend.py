@@ -13,11 +13,11 @@ A GPU-wide fault shows as ``Gpu.healthy == False`` in ``discover()``; a fault of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from gpuslice.model import Gpu, GpuMode
+from gpuslice.model import Gpu, GpuMode, MigInstance
 
 MigPlacement = tuple[str, int]
 """A wanted MIG instance: (profile name, memory-slice start), e.g. ``("3g.40gb", 0)``."""
@@ -118,3 +118,45 @@ class Backend(Protocol):
     def close(self) -> None:
         """Stop watching, release NVML. MPS daemons are left running unless this process owns them."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class RecutOutcome:
+    """What a MIG re-cut did on one GPU: the MIG UUIDs destroyed and created, in order."""
+
+    destroyed: tuple[str, ...]
+    created: tuple[str, ...]
+
+
+@runtime_checkable
+class MigRecutter(Protocol):
+    """A backend that can re-cut a MIG GPU's free placement slots (DESIGN 2: a MIG layout changes only
+    in free slots). ``recut_mig`` destroys the named free instances and creates the named (profile,
+    start) ones; it raises ``RecutRefused`` before changing anything when an instance to destroy holds
+    one of ``allocated``, the resulting layout breaks the product's rules, or it may not change GPUs,
+    and ``RecutFailed`` when the driver stops part-way."""
+
+    def recut_mig(self, gpu_uuid: str, destroy: Sequence[str], create: Sequence[MigPlacement],
+                  allocated: frozenset[str]) -> RecutOutcome: ...
+
+
+def recut_victims(gpu: Gpu | None, gpu_uuid: str, destroy: Sequence[str],
+                  allocated: frozenset[str]) -> dict[str, MigInstance]:
+    """The one check every backend makes before a re-cut changes anything: the GPU is here and in MIG
+    mode, each instance to destroy exists and none holds an id of ``allocated``. Returns the GPU's
+    instances by UUID; ``RecutRefused`` says which rule failed."""
+    from deviceplugin.errors import RecutRefused
+
+    if gpu is None:
+        raise RecutRefused(f"no GPU {gpu_uuid} on this node")
+    if gpu.mode != "mig":
+        raise RecutRefused(f"GPU {gpu_uuid} is in {gpu.mode} mode, not MIG")
+    have = {i.uuid: i for i in gpu.instances}
+    unknown = [u for u in destroy if u not in have]
+    if unknown:
+        raise RecutRefused(f"GPU {gpu_uuid} has no MIG instance {', '.join(unknown)}")
+    busy = [u for u in destroy if any(sid in allocated for sid in have[u].slice_ids())]
+    if busy:
+        raise RecutRefused(f"MIG instance {', '.join(busy)} on GPU {gpu_uuid} holds allocated ids; an instance "
+                           "in use is never destroyed")
+    return have

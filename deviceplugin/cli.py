@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cdi-spec-dir", dest="cdi_spec_dirs", action="append",
                         help="where CDI specs are looked for at start-up (repeatable; default /etc/cdi and "
                              "/var/run/cdi)")
+    parser.add_argument("--cdi-refresh-command", dest="cdi_refresh_command",
+                        help="run after a MIG re-cut (NVML backend, CDI injection) so the CDI spec names the new "
+                             "instances (default: nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml)")
     parser.add_argument("--taint-on-conflict", dest="conflict_taint", action="store_const", const=True,
                         default=None,
                         help="taint the node example.com/gpu-slice-conflict:NoSchedule while another resource "

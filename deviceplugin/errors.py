@@ -55,3 +55,12 @@ class KubeApiError(DevicePluginError):
 
 class KubeUnavailable(KubeApiError):
     """No Kubernetes API configuration was found (the plugin then runs without assignments)."""
+
+
+class RecutRefused(DevicePluginError):
+    """A MIG re-cut that would touch an instance in use, break the product's layout rules, or that this
+    backend may not make (read-only, not MIG, opted out); nothing was changed."""
+
+
+class RecutFailed(DevicePluginError):
+    """A MIG re-cut that NVML stopped part-way; the message says what was done before the failure."""

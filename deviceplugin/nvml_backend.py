@@ -29,7 +29,8 @@ never recover in this process, as in NVIDIA's plugin: reset the GPU, then restar
 Changes (``apply_targets``): only the compute mode (EXCLUSIVE_PROCESS for ``mps`` GPUs; a GPU leaving
 ``mps`` gets back the mode it had before gpu-slice changed it, read from the host record
 ``deviceplugin.compute_mode`` so a restarted plugin knows too) and the MPS markers. Switching MIG mode
-and creating or destroying MIG instances are left out: such differences are reported, never acted on.
+is left out: such differences are reported, never acted on. MIG instances are created and destroyed
+only by ``recut_mig`` (dynamic layouts, :mod:`deviceplugin.miglayouts`), in free placement slots.
 Under ``read_only=True`` no NVML setter is called and no marker written; the messages say what would
 have changed. A GPU with any allocated id is never changed; its change waits and the message says so.
 
@@ -42,23 +43,32 @@ its GPM activity (:mod:`deviceplugin.nvml_usage`).
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from deviceplugin import compute_mode
-from deviceplugin.backend import GpuProcess, GpuTarget, HealthEvent, UnitUsage
-from deviceplugin.errors import DiscoveryError
+from deviceplugin.backend import (
+    GpuProcess,
+    GpuTarget,
+    HealthEvent,
+    MigPlacement,
+    RecutOutcome,
+    UnitUsage,
+    recut_victims,
+)
+from deviceplugin.errors import DiscoveryError, RecutFailed, RecutRefused
 from deviceplugin.mps import MAX_MPS_CLIENT_SLICES
 from deviceplugin.mps_supervisor import MpsSupervisor
 from deviceplugin.nvml_usage import MigDevice, MigUsageReader
 from gpuslice.catalogue import MigProfile, Product, product_for_nvml_name
 from gpuslice.errors import CatalogueError
-from gpuslice.model import Gpu, MigInstance
+from gpuslice.model import Gpu, MigInstance, validate_mig_layout
 
 log = logging.getLogger(__name__)
 
@@ -439,6 +449,90 @@ class NvmlBackend:
             compute_mode.save(self._record_root, self._before)
         except OSError as exc:
             problems.append(f"could not record the compute mode under {self._record_root}: {exc}")
+
+    # ---- MIG re-cuts (dynamic layouts) -----------------------------------------------------------
+
+    def recut_mig(self, gpu_uuid: str, destroy: Sequence[str], create: Sequence[MigPlacement],
+                  allocated: frozenset[str]) -> RecutOutcome:
+        """Destroy free GPU instances (compute instance first) and create new ones at their placements,
+        each with one compute instance spanning it (:class:`deviceplugin.backend.MigRecutter`).
+
+        Refused before any call that changes the GPU: read-only, an unknown GPU or instance, an instance
+        holding one of ``allocated``, a layout the catalogue forbids. NVML refuses on its own a GPU
+        instance with processes (``NVML_ERROR_IN_USE``) and a placement that is taken."""
+        nv = self._nvml
+        gpu = next((g for g in self.discover() if g.uuid == gpu_uuid), None)
+        recut_victims(gpu, gpu_uuid, destroy, allocated)
+        assert gpu is not None
+        prod = product_for_nvml_name(_text(nv.nvmlDeviceGetName(self._handles[gpu_uuid])))
+        keep = [i for i in gpu.instances if i.uuid not in destroy]
+        try:
+            new = [MigInstance(f"MIG-new-{n}", p, s, prod.profile(p).compute_slices, prod.profile(p).memory_mib)
+                   for n, (p, s) in enumerate(create)]
+            validate_mig_layout(prod.name, [*keep, *new], where=f"GPU {gpu_uuid}")
+        except CatalogueError as exc:
+            raise RecutRefused(str(exc)) from None
+        what = (f"destroy {', '.join(destroy) or 'nothing'}, create "
+                f"{', '.join(f'{p}@{s}' for p, s in create) or 'nothing'}")
+        if self.read_only:
+            raise RecutRefused(f"read-only: would {what} on GPU {gpu_uuid}")
+        handle = self._handles[gpu_uuid]
+        done: list[str] = []
+        created: list[str] = []
+        try:
+            for mig_uuid in destroy:
+                self._destroy_instance(handle, mig_uuid)
+                done.append(f"destroyed {mig_uuid}")
+            for profile, start in create:
+                mig_uuid = self._create_instance(handle, prod.profile(profile), start)
+                created.append(mig_uuid)
+                done.append(f"created {profile}@{start} as {mig_uuid}")
+        except nv.NVMLError as exc:
+            raise RecutFailed(f"GPU {gpu_uuid}: {what} stopped at NVML error {exc}; done before it: "
+                              f"{'; '.join(done) or 'nothing'}") from exc
+        log.info("GPU %s re-cut: %s", gpu_uuid, "; ".join(done))
+        return RecutOutcome(tuple(destroy), tuple(created))
+
+    def _mig_device(self, handle: Any, mig_uuid: str) -> Any:
+        nv = self._nvml
+        for index in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+            except nv.NVMLError:
+                continue
+            if _text(nv.nvmlDeviceGetUUID(mig)) == mig_uuid:
+                return mig
+        raise RecutRefused(f"MIG instance {mig_uuid} is no longer on its GPU")
+
+    def _destroy_instance(self, handle: Any, mig_uuid: str) -> None:
+        """The compute instance, then its GPU instance (NVML refuses a GPU instance that still has one)."""
+        nv = self._nvml
+        mig = self._mig_device(handle, mig_uuid)
+        gi = nv.nvmlDeviceGetGpuInstanceById(handle, int(nv.nvmlDeviceGetGpuInstanceId(mig)))
+        ci = nv.nvmlGpuInstanceGetComputeInstanceById(gi, int(nv.nvmlDeviceGetComputeInstanceId(mig)))
+        nv.nvmlComputeInstanceDestroy(ci)
+        nv.nvmlGpuInstanceDestroy(gi)
+
+    def _create_instance(self, handle: Any, profile: MigProfile, start: int) -> str:
+        """A GPU instance of ``profile`` at ``start`` and one compute instance spanning it; its MIG UUID."""
+        nv = self._nvml
+        placement = nv.c_nvmlGpuInstancePlacement_t()
+        placement.start = start
+        placement.size = profile.memory_slices
+        gi = nv.nvmlDeviceCreateGpuInstanceWithPlacement(handle, profile.profile_id, ctypes.byref(placement))
+        ci_profile = getattr(nv, f"NVML_COMPUTE_INSTANCE_PROFILE_{profile.compute_slices}_SLICE")
+        info = nv.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, ci_profile,
+                                                               nv.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+        nv.nvmlGpuInstanceCreateComputeInstance(gi, int(info.id))
+        gi_id = int(nv.nvmlGpuInstanceGetInfo(gi).id)
+        for index in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+            except nv.NVMLError:
+                continue
+            if int(nv.nvmlDeviceGetGpuInstanceId(mig)) == gi_id:
+                return _text(nv.nvmlDeviceGetUUID(mig))
+        raise nv.NVMLError(nv.NVML_ERROR_NOT_FOUND)
 
     # ---- health ----------------------------------------------------------------------------------
 

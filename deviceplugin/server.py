@@ -62,6 +62,7 @@ class PluginState:
         self.cordoned: frozenset[str] = frozenset()
         self.refused: dict[str, str] = {}  # GPU uuid -> why another resource owns it
         self.changing: frozenset[str] = frozenset()  # GPUs being reconfigured: withdrawn, Allocate refused
+        self.withdrawn: frozenset[str] = frozenset()  # MIG instances a re-cut destroys: likewise
         self.generation = 0
         self._changed = asyncio.Event()
         self._pods_event = asyncio.Event()
@@ -136,6 +137,15 @@ class PluginState:
         self._bump("changing")
         return True
 
+    def set_withdrawn(self, uuids: Iterable[str]) -> bool:
+        """MIG instances about to be destroyed by a re-cut: their ids go Unhealthy, Allocate refuses them."""
+        new = frozenset(uuids)
+        if new == self.withdrawn:
+            return False
+        self.withdrawn = new
+        self._bump("withdrawn")
+        return True
+
     def pods_changed(self) -> None:
         """The pod cache changed: wakes preferred-allocation waiters; the device list depends on it only
         through the cordon exception."""
@@ -167,7 +177,10 @@ class PluginState:
             for gpu in self.gpus:
                 if gpu.uuid in self.refused:
                     continue
-                sick = gpu.uuid in self.unhealthy or any(i.uuid in self.unhealthy for i in gpu.instances)
+                # A GPU being re-cut is published unhealthy (no new placements while its layout changes);
+                # its other instances' ids stay Healthy for kubelet (``id_health``).
+                sick = gpu.uuid in self.unhealthy or any(i.uuid in self.unhealthy or i.uuid in self.withdrawn
+                                                         for i in gpu.instances)
                 gpus.append(replace(gpu, healthy=not sick, cordoned=gpu.uuid in self.cordoned))
             self._inventory = NodeInventory(self.node, tuple(gpus))
         return self._inventory
@@ -191,7 +204,8 @@ class PluginState:
             withdrawn = gpu.uuid in self.changing
             if gpu.mode == "mig":
                 for inst in gpu.instances:
-                    bad = withdrawn or gpu.uuid in self.unhealthy or inst.uuid in self.unhealthy
+                    bad = (withdrawn or inst.uuid in self.withdrawn or gpu.uuid in self.unhealthy
+                           or inst.uuid in self.unhealthy)
                     for sid in inst.slice_ids():
                         ok = not bad and (not gpu.cordoned or sid in keep)
                         out.append((sid, HEALTHY if ok else UNHEALTHY))
@@ -243,6 +257,9 @@ class PluginState:
         wanted = list(slice_ids)
         placement = check_placement(self.inventory(), wanted)
         busy = self.changing.intersection(placement.gpus)
+        if placement.instance is not None and placement.instance in self.withdrawn:
+            raise PlacementRefused(f"MIG instance {placement.instance} is being destroyed by a re-cut; its ids "
+                                   "are withdrawn")
         if busy:
             raise PlacementRefused(f"GPU {', '.join(sorted(busy))} is being reconfigured (mode or MIG layout); "
                                    f"its ids are withdrawn")

@@ -55,6 +55,7 @@ class Settings:
     cdi_vendor: str = "nvidia.com"
     cdi_spec_dirs: tuple[Path, ...] = DEFAULT_CDI_SPEC_DIRS
     cdi_class: str = "gpu"
+    cdi_refresh_command: str = "nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml"
     cdi_validate: bool | None = None  # None: on with the nvml backend and CDI injection
     conflict_taint: bool = False
     metrics_port: int = 9402

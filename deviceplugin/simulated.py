@@ -37,14 +37,22 @@ from __future__ import annotations
 import logging
 import threading
 import uuid as uuidlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from deviceplugin.backend import GpuProcess, GpuTarget, HealthEvent, MigPlacement, UnitUsage
+from deviceplugin.backend import (
+    GpuProcess,
+    GpuTarget,
+    HealthEvent,
+    MigPlacement,
+    RecutOutcome,
+    UnitUsage,
+    recut_victims,
+)
 from deviceplugin.dcgm import (
     DcgmOptions,
     SliceUse,
@@ -54,7 +62,7 @@ from deviceplugin.dcgm import (
     simulate_unit,
     simulated_gi_id,
 )
-from deviceplugin.errors import TopologyError
+from deviceplugin.errors import RecutRefused, TopologyError
 from deviceplugin.mps_supervisor import MpsSupervisor
 from gpuslice import ids
 from gpuslice.catalogue import PRODUCTS, Product
@@ -223,11 +231,15 @@ class SimulatedBackend:
 
     name = "simulated"
 
-    def __init__(self, topology: Topology | None = None, *, mps: MpsSupervisor | None = None) -> None:
+    def __init__(self, topology: Topology | None = None, *, mps: MpsSupervisor | None = None,
+                 layout_file: Path | None = None) -> None:
         topo = topology or builtin_topology()
         self.node = topo.node
         self._lock = threading.RLock()
         self._gpus: dict[str, Gpu] = {g.uuid: g for g in topo.gpus}
+        # Re-cut MIG layouts outlive a plugin restart, as real GPU instances do: kept in ``layout_file``.
+        self.layout_file = layout_file
+        self._load_layouts()
         self._faults: dict[str, tuple[str, str | None, str]] = {}  # owner -> (gpu, instance, reason)
         self._mps = mps
         self._emit: Callable[[HealthEvent], None] = lambda _event: None
@@ -431,6 +443,62 @@ class SimulatedBackend:
                     out[inst.uuid] = UnitUsage(load.memory_used_mib, round(ratio, 6),
                                                round(min(1.0, DcgmOptions().dram_factor * ratio), 6))
         return out
+
+    def recut_mig(self, gpu_uuid: str, destroy: Sequence[str], create: Sequence[MigPlacement],
+                  allocated: frozenset[str]) -> RecutOutcome:
+        """Destroy free MIG instances and create new ones in free slots of one GPU, as the NVML backend
+        does (:class:`deviceplugin.backend.MigRecutter`), with the catalogue's placement rules; every
+        created instance gets a fresh UUID, as a real GPU instance does."""
+        with self._lock:
+            gpu = self._gpus.get(gpu_uuid)
+            recut_victims(gpu, gpu_uuid, destroy, allocated)
+            assert gpu is not None
+            keep = [(i.profile, i.start, i.uuid) for i in gpu.instances if i.uuid not in destroy]
+            # A created GPU instance gets a UUID never seen before, as on a real GPU.
+            fresh = [(profile, start, f"MIG-{uuidlib.uuid4()}") for profile, start in create]
+            try:
+                instances = build_instances(PRODUCTS[gpu.product], gpu_uuid, [*keep, *fresh], "recut")
+            except TopologyError as exc:
+                raise RecutRefused(f"GPU {gpu_uuid}: {exc}") from None
+            self._gpus[gpu_uuid] = replace(gpu, slices=sum(i.compute_slices for i in instances),
+                                           instances=instances)
+            for owner in destroy:
+                self._faults.pop(owner, None)
+            self._save_layouts()
+        log.info("GPU %s re-cut: destroyed %s, created %s", gpu_uuid, list(destroy),
+                 [f"{p}@{s}" for p, s, _ in fresh])
+        return RecutOutcome(tuple(destroy), tuple(u for _, _, u in fresh))
+
+    def _load_layouts(self) -> None:
+        """Take the MIG layouts a previous process re-cut (same node, same GPUs); a file that does not
+        match the topology is ignored with a warning."""
+        path = self.layout_file
+        if path is None or not path.is_file():
+            return
+        try:
+            saved = parse_topology(yaml.safe_load(path.read_text()), source=str(path))
+        except (OSError, yaml.YAMLError, TopologyError) as exc:
+            log.warning("ignoring the saved MIG layouts %s: %s", path, exc)
+            return
+        if saved.node != self.node or {g.uuid for g in saved.gpus} != set(self._gpus):
+            log.warning("ignoring the saved MIG layouts %s: they are of another node or other GPUs", path)
+            return
+        for g in saved.gpus:
+            if g.mode == "mig" and self._gpus[g.uuid].mode == "mig":
+                self._gpus[g.uuid] = replace(self._gpus[g.uuid], slices=g.slices, instances=g.instances)
+
+    def _save_layouts(self) -> None:
+        if self.layout_file is None:
+            return
+        doc = {"version": 1, "node": self.node, "gpus": [
+            {"product": g.product, "mode": g.mode, "uuid": g.uuid, "memory_mib": g.memory_mib,
+             **({"instances": [{"profile": i.profile, "start": i.start, "uuid": i.uuid} for i in g.instances]}
+                if g.mode == "mig" else {"slices": g.slices})}
+            for g in sorted(self._gpus.values(), key=lambda g: g.index)]}
+        tmp = self.layout_file.with_suffix(".tmp")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
+        tmp.replace(self.layout_file)
 
     def close(self) -> None:
         if self._mps is not None:

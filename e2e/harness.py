@@ -541,6 +541,7 @@ class Node:
     metrics_port: int
     plugin: Proc | None = None
     mps: Proc | None = None
+    config: Path | None = None  # the plugin's config file, when not the session's
 
     @property
     def pod_resources(self) -> str:
@@ -636,11 +637,11 @@ class System:
             raise AssertionError(f"kubectl {' '.join(args)} failed:\n{done.stderr[-4000:]}")
         return done
 
-    def _start_node(self, name: str, topo: dict[str, Any]) -> None:
+    def _start_node(self, name: str, topo: dict[str, Any], config: Path | None = None) -> None:
         info = json.loads(cluster("node", str(self.work), name, "--", "--cpu=64", "--memory=512Gi").splitlines()[-1])
         path = self.work / f"topology-{name}.yaml"
         path.write_text(yaml.safe_dump(topo, sort_keys=False))
-        node = Node(name, info, path, free_port())
+        node = Node(name, info, path, free_port(), config=config)
         self.nodes[name] = node
         # The DaemonSet pod's stand-in: its token is bound to a pod on this node, so the API server puts
         # the node's name in the plugin's user info (the admission policy's own-node rules read it).
@@ -677,7 +678,8 @@ class System:
         shipped = [a for a in container["args"] if not a.startswith(("--config=", "--mps-root="))]
         assert shipped[0] == "device-plugin" and "--backend=simulated" in shipped, shipped
         argv = [sys.executable, "-m", "gpuslice_cli", *shipped,
-                "--config", str(self.plugin_config), "--topology", str(node.topology), "--node-name", node.name,
+                "--config", str(node.config or self.plugin_config), "--topology", str(node.topology),
+                "--node-name", node.name,
                 "--kubeconfig", str(sa), "--plugin-dir", node.info["pluginDir"],
                 "--pod-resources-socket", node.pod_resources, "--metrics-port", str(node.metrics_port),
                 "--metrics-address", "127.0.0.1", "--mps-root", str(self.work / "mps" / node.name)]
@@ -688,7 +690,7 @@ class System:
             node.plugin.argv = argv
             node.plugin.start()
 
-    def _wait_node_ready(self, node: Node, timeout: float = 120) -> None:
+    def _wait_node_ready(self, node: Node, timeout: float = 120, slices: int = SLICES_PER_NODE) -> None:
         """The node's status and inventory show every slice, and the running plugin process has
         registered with the running kubelet, which lists every slice healthy. The node object alone
         would pass at once after a plugin or kubelet restart: it keeps the old allocatable and
@@ -697,11 +699,11 @@ class System:
             assert node.plugin is not None
             node.plugin.check()
             n = self.kube.node(node.name)
-            return (int((n["status"].get("allocatable") or {}).get(RESOURCE, "0")) == SLICES_PER_NODE
+            return (int((n["status"].get("allocatable") or {}).get(RESOURCE, "0")) == slices
                     and INVENTORY in ann_of(n)
                     and self.metric(f"http://127.0.0.1:{node.metrics_port}", PLUGIN_REGISTERED, timeout=2.0) >= 1
-                    and _kubelet_allocatable(node.pod_resources) == SLICES_PER_NODE)
-        wait(f"node {node.name}: {SLICES_PER_NODE} slices allocatable, the inventory written, the plugin "
+                    and _kubelet_allocatable(node.pod_resources) == slices)
+        wait(f"node {node.name}: {slices} slices allocatable, the inventory written, the plugin "
              "registered and every slice healthy in kubelet", ready, timeout,
              on_timeout=lambda: tail(node.plugin.log) if node.plugin else "")
 

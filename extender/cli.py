@@ -231,6 +231,9 @@ class Service:
                                on_error=self.metrics.lease_error) if settings.fencing else Fence.disabled()
             self.ext = Extender(settings.config, ApiBinder(api), fence=self.fence, metrics=self.metrics,
                                 lease_name=lease)
+            from extender.miglayouts import api_writer
+
+            self.ext.layouts.write = api_writer(api)
             self.informer = Informer(api, self.ext, on_relist_metric=self.metrics.relisted,
                                      on_error_metric=self.metrics.watch_error, transform=self.ext.transform,
                                      budgets=True)
@@ -293,6 +296,10 @@ class Service:
             self.ext.shape.start()
         if self.signals is not None:
             t = threading.Thread(target=self._signal_loop, name="signals", daemon=True)
+            t.start()
+            self._threads.append(t)
+        if self.ext.layouts.active:
+            t = threading.Thread(target=self.ext.layouts.run, args=(self._stop,), name="mig-layouts", daemon=True)
             t.start()
             self._threads.append(t)
 

@@ -151,6 +151,8 @@ class ShapePreemptor:
             held = ext.view.reservations.get(uid)
             if held is not None and held.nominated:
                 return self._done("skipped")
+            if ext.layouts.recutting(uid):  # free MIG slots are being re-cut for it: nobody is evicted
+                return self._done("skipped")
             chosen = ext.sched.shape_preemption(pod, nodes, ext.clock(), budgets=list(ext.view.budgets.values()))
             if chosen is None:
                 return self._done("no_victims")

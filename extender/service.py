@@ -29,6 +29,7 @@ from extender.events import EventWriter, bind_event
 from extender.lease import Fence
 from extender.logs import RateLimitedLog
 from extender.metrics import ExtenderMetrics
+from extender.miglayouts import LayoutPublisher
 from extender.preemptor import ShapePreemptor
 from extender.signals import SignalSnapshot
 from gpuslice import annotations as ann
@@ -106,6 +107,7 @@ class Extender:
         #: Where a SliceAssigned event per bind goes (None: no events, as in dry runs).
         self.events: EventWriter | None = None
         self._warn = RateLimitedLog(log)
+        self.layouts = LayoutPublisher(self, None)  # dynamic MIG layouts; the service gives it a writer
         self.policy_label = re.sub(r"[^a-z0-9_]+", "_", self.sched.policy.name.lower()).strip("_")[:40] or "policy"
 
     # ----- the informer's handler -------------------------------------------------------------
@@ -135,6 +137,7 @@ class Extender:
                         self.view.remove_node(str(meta.get("name") or ""))
                     else:
                         self.view.upsert_node(obj)
+                        self.layouts.on_node(obj)
                 elif kind == "Pod":
                     if type == "DELETED":
                         uid = (obj.get("metadata") or {}).get("uid")
@@ -154,6 +157,9 @@ class Extender:
         with self.lock:
             if kind == "Node":
                 self.view.replace_nodes([o for o in objs if not isinstance(o, PodInfo)])
+                for o in objs:
+                    if not isinstance(o, PodInfo):
+                        self.layouts.on_node(o)
             elif kind == "PodDisruptionBudget":
                 for why in self.view.replace_budgets([o for o in objs if not isinstance(o, PodInfo)]):
                     self._warn.warning("pdb", "ignoring a PodDisruptionBudget: %s", why)
@@ -260,6 +266,7 @@ class Extender:
             return  # the filter answers with the error
         if req is not None:
             self.sched.observe(req)
+            self.layouts.observe(req)
             self._remember(uid)
 
     def slice_rows(self) -> list[tuple[str, str, int, int]]:
@@ -369,6 +376,12 @@ class Extender:
                     res = self.sched.filter(pod, args.candidates, self.clock())
         with self.lock:
             self.metrics.set_reservations(len(self.view.reservations))
+            if not res.feasible and not res.error and self.layouts.active:
+                try:
+                    _, req = self.sched.request_of(args.pod)
+                except GpuSliceError:
+                    req = None
+                self.layouts.note_filter(req, res.feasible, args.candidates, res.error, self.clock())
         if self.shape is not None:
             if res.feasible or res.error:
                 self.shape.placed(uid)

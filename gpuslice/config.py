@@ -26,7 +26,7 @@ Reading the file is the services' job; this module only validates a mapping or Y
     migLayouts:                    # per MIG-capable catalogue product; others keep whatever they carry
       H100-80GB:
         layout: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]   # the static layout such GPUs carry
-        dynamic: false             # re-cut free slots to Pending demand: not built yet, only false
+        dynamic: false             # true: re-cut free MIG slots to Pending demand (gpuslice.miglayout)
 """
 
 from __future__ import annotations
@@ -152,19 +152,11 @@ class Prices(_Strict):
 class MigLayout(_Strict):
     """One product's MIG layout: the static layout its GPUs carry (profile names, validated as a real
     placement on the product; made on the node by the GPU Operator's MIG manager or mig-parted, never
-    by gpu-slice) and whether free placement slots follow demand (``dynamic``: not built yet)."""
+    by gpu-slice) and whether free placement slots follow demand (``dynamic``: gpuslice.miglayout decides
+    the re-cuts, the extender publishes them, the device plugin makes them; off by default)."""
 
     layout: tuple[str, ...] | None = None
     dynamic: bool = Field(default=False, strict=True)
-
-    @field_validator("dynamic")
-    @classmethod
-    def _static_only(cls, value: bool) -> bool:
-        if value:
-            raise PydanticCustomError(
-                "dynamic_not_built", "dynamic MIG layouts (re-cut to Pending demand) are not built in this "
-                "version; set dynamic: false and keep the layout static", {})
-        return value
 
 
 def _check_mig_layouts(value: dict[str, MigLayout]) -> dict[str, MigLayout]:
@@ -311,6 +303,10 @@ class Config(_Strict):
             return None
         by_capacity = self.prices.instance_types.get(instance_type) or {}
         return by_capacity.get(capacity_type or "on-demand")
+
+    def dynamic_mig_products(self) -> frozenset[str]:
+        """The MIG products whose free placement slots follow demand (``migLayouts.<product>.dynamic``)."""
+        return frozenset(name for name, entry in self.mig_layouts.items() if entry.dynamic)
 
     def gpu_price(self, product_name: str) -> float | None:
         """$/GPU-hour for a product from the fallback table."""

@@ -24,7 +24,7 @@ same code below them, so what ``gpu-slice simulate`` predicts is what the extend
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import repeat
@@ -194,6 +194,10 @@ class Scheduler:
         self._lookups: list[tuple[tuple[int, int], tuple[str, ...], I64]] = []
         self._observed = 0
         self._cycle: Cycle | None = None
+        #: Dynamic MIG layouts (:meth:`gpuslice.miglayout.LayoutPlanner.instance_order`): among a node's
+        #: equally scored candidates, the MIG instance whose use leaves the GPU's free slots most usable
+        #: first; None (static layouts) leaves the policy's own order alone.
+        self.instance_order: Callable[[ClusterState, PackRequest, Candidates], F64 | None] | None = None
 
     @classmethod
     def from_config(cls, cluster: Holder, config: Config | None = None, *, seed: int = 0) -> Scheduler:
@@ -241,6 +245,10 @@ class Scheduler:
             return Ranked(fit, cands, best_per_node(cands, np.zeros(0)), np.zeros(0), np.zeros(0))
         score, parts = self.policy.score_parts(st, req, cands, self.memory)
         secondary = self.policy.secondary(st, req, cands, self.memory)
+        if self.instance_order is not None:  # dynamic MIG layouts: the instance that keeps free slots usable
+            order = self.instance_order(st, req, cands)
+            if order is not None:
+                secondary = before(order, secondary)
         return Ranked(fit, cands, best_per_node(cands, score, secondary), score, secondary, parts)
 
     def _token(self) -> tuple[int, int, int, object]:
@@ -661,6 +669,16 @@ class Scheduler:
                         req.owner, now + ttl_s, nominated=True)
         view.hold(r)
         return r
+
+
+def before(first: F64, then: F64) -> F64:
+    """One order key that sorts by ``first`` (higher first), then by ``then``: dense ranks combined, so
+    neither value's scale can leak into the other's order."""
+    if first.shape[0] == 0:
+        return then
+    _, a = np.unique(np.round(first, 9), return_inverse=True)
+    _, b = np.unique(then, return_inverse=True)
+    return np.asarray(a.astype(np.float64) * (int(b.max()) + 1) + b, dtype=np.float64)
 
 
 def pods_as_requests(view: ClusterView, *, owner_spread: bool = True) -> list[PackRequest]:

@@ -33,6 +33,7 @@ from gpuslice.reservations import DEFAULT_TTL_S
 from simulator.llm.cluster import Cluster, build_cluster
 from simulator.llm.engine import Result, replay
 from simulator.llm.workload import Workload, generate
+from simulator.miglayouts import RECUT_WAIT_S, dynamic_products
 from simulator.report import BUILTIN_LEGEND
 
 #: Our default scoring (``gpuslice.config.DEFAULT_POLICIES``), as a registry spec.
@@ -67,14 +68,16 @@ def label(policy: str) -> str:
 
 def run_all(policies: Sequence[str], seeds: Sequence[int], *, cluster: Cluster | None = None,
             margin: float = 0.0, workloads: dict[int, Workload] | None = None,
-            reservation_ttl_s: float = DEFAULT_TTL_S) -> list[Result]:
-    """Every policy on every seed; each seed's workload is generated once and shared."""
+            reservation_ttl_s: float = DEFAULT_TTL_S, mig_dynamic: frozenset[str] = frozenset()) -> list[Result]:
+    """Every policy on every seed; each seed's workload is generated once and shared. ``mig_dynamic``:
+    the MIG products whose free slots are re-cut for Pending pods (empty: the static layouts)."""
     cluster = cluster or build_cluster()
     results: list[Result] = []
     for seed in seeds:
         workload = (workloads or {}).get(seed) or generate(seed)
         for policy in policies:
-            results.append(replay(cluster, workload, policy, margin=margin, reservation_ttl_s=reservation_ttl_s))
+            results.append(replay(cluster, workload, policy, margin=margin, reservation_ttl_s=reservation_ttl_s,
+                                  mig_dynamic=mig_dynamic))
     return results
 
 
@@ -172,6 +175,21 @@ def bar_verdict(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def recut_note(results: Sequence[Result], dynamic: frozenset[str]) -> str:
+    """What dynamic MIG layouts did: pods that waited for a re-cut instead of going Pending, per policy."""
+    groups: dict[str, list[Result]] = {}
+    for r in results:
+        groups.setdefault(r.policy, []).append(r)
+    lines = [f"Dynamic MIG layouts ({', '.join(sorted(dynamic))}): a pod refused for shape waits "
+             f"{RECUT_WAIT_S:g} s for a re-cut of free MIG slots (simulator.miglayouts.RECUT_WAIT_S) and is not "
+             "counted Pending; per policy, means over seeds:"]
+    for policy, rs in groups.items():
+        lines.append(f"  {label(policy)}: {_mean([r.pods_recut for r in rs]):.1f} pods waited for a re-cut, "
+                     f"{_mean([r.recuts for r in rs]):.1f} re-cuts, "
+                     f"{sum(r.busy_instances_destroyed for r in rs)} running or reserved instances destroyed")
+    return "\n".join(lines)
+
+
 def _seed_text(seeds: Sequence[int]) -> str:
     s = list(seeds)
     if len(s) > 2 and s == list(range(s[0], s[-1] + 1)):
@@ -230,13 +248,17 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         for policy in policies:  # unknown names and bad weights before the first run, not after some
             resolve(policy)
-        results = run_all(policies, seeds, margin=margin, reservation_ttl_s=ttl)
+        present = {g.product for n in build_cluster().nodes for g in n.inventory.gpus if g.mode == "mig"}
+        dynamic = dynamic_products(getattr(args, "mig_layouts", None), config) & present
+        results = run_all(policies, seeds, margin=margin, reservation_ttl_s=ttl, mig_dynamic=dynamic)
     except GpuSliceError as err:
         print(f"gpu-slice simulate: {err}", file=sys.stderr)
         return 2
     cluster = build_cluster()
     rows = summarise(results)
     print(render(rows, cluster=cluster, seeds=seeds), file=out)
+    if dynamic:
+        print(f"\n{recut_note(results, dynamic)}", file=out)
     print(f"\n{len(results)} runs in {time.perf_counter() - started:.1f} s", file=out)
     json_path = getattr(args, "json", None)
     plot_path = getattr(args, "plot", None)

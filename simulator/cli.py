@@ -20,7 +20,8 @@ from gpuslice.errors import ConfigError, GpuSliceError
 from gpuslice.policies.registry import resolve
 from simulator.engine import MODES, EngineOptions, RunResult, replay, simulate
 from simulator.inflate import has_gpu_demand, inflate
-from simulator.kubefile import inflate_requests, load_kube_cluster, looks_like_kube_list
+from simulator.kubefile import KubeCluster, inflate_requests, load_kube_cluster, looks_like_kube_list
+from simulator.miglayouts import DynamicLayouts, dynamic_products, physical_slices
 from simulator.openb import MILLI, read_nodes, read_pods
 from simulator.report import (
     BUILTIN_LEGEND,
@@ -157,6 +158,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "given), narrowing margin (when --narrow-margin is not given), memory tolerance, "
                              "isolation default, owner-spread rule, reservation TTL and prices, so a replay "
                              "decides as the extender configured with it would")
+    parser.add_argument("--mig-layouts", choices=["static", "dynamic"], default=None,
+                        help="static: MIG layouts as the nodes have them; dynamic: free MIG slots are re-cut for pods "
+                             "refused for shape (gpuslice.miglayout; --mode protocol; capacity then counts every "
+                             "compute slice); default: what the config's migLayouts.<product>.dynamic says")
     parser.add_argument("--json", type=Path, help="write per-run figures to this JSON file ('-': standard output)")
     parser.add_argument("--plot", type=Path,
                         help="write a plot to this image file (.png, .pdf, .svg...): allocation against "
@@ -340,6 +345,9 @@ def _run_kube(args: argparse.Namespace, paths: list[Path], policies: list[str], 
         _no_gpu_note(name, len(cluster.requests))
     capacity = cluster.state().total_slices
     modes = list(MODES) if args.mode == "all" else [args.mode]
+    dynamic = _dynamic_for(args, config, cluster, modes)
+    if dynamic:
+        capacity = physical_slices([inv for _, inv in cluster.nodes], dynamic)
     summaries: list[Summary] = []
     runs: list[tuple[str, RunResult]] = []
     for seed in args.seeds:
@@ -349,18 +357,42 @@ def _run_kube(args: argparse.Namespace, paths: list[Path], policies: list[str], 
                 opts = EngineOptions(mode=mode, slices=cluster.slices_per_gpu, narrow=narrow,
                                      extender_weight=args.extender_weight, kube_scorer=args.kube_scorer,
                                      placements=True)
-                r = replay(cluster.state(), requests, cluster.requests, policy, seed, opts,
-                           progress=progress_bar(f"{name} {policy} {mode} seed {seed}"))
+                state = cluster.state()
+                layouts = DynamicLayouts.build(state, {s.name: inv for s, inv in cluster.nodes}, dynamic,
+                                               memory_tolerance=cluster.memory_tolerance,
+                                               wait_s=0.0) if dynamic else None
+                r = replay(state, requests, cluster.requests, policy, seed, opts,
+                           progress=progress_bar(f"{name} {policy} {mode} seed {seed}"), layouts=layouts,
+                           capacity=capacity)
+                if layouts is not None:
+                    print(f"{name} {policy} seed {seed}: dynamic MIG layouts: {layouts.summary()}", flush=True)
                 summaries.append(Summary.of(name, r, with_placements=True))
                 if args.plot:
                     runs.append((name, r))
     print(table(summaries, {}))
     print()
     print(TRACE_LEGEND)
+    if dynamic:
+        print(f"\nDynamic MIG layouts ({', '.join(sorted(dynamic))}): capacity counts every compute slice of those "
+              f"GPUs ({capacity} slices), also those a static layout leaves without an instance; re-cuts are "
+              "instant in an arrival-only replay (no clock).")
     _write_outputs(args, summaries, {"cluster": [str(p) for p in paths], "seeds": args.seeds,
                                      "inflate": args.inflate, "slices": cluster.slices_per_gpu,
-                                     "skipped": list(cluster.skipped)}, runs)
+                                     "skipped": list(cluster.skipped),
+                                     "mig_layouts": "dynamic" if dynamic else "static"}, runs)
     return 0
+
+
+def _dynamic_for(args: argparse.Namespace, config: Config | None, cluster: KubeCluster,
+                 modes: list[str]) -> frozenset[str]:
+    """The MIG products of this cluster whose layouts follow demand (``--mig-layouts``, else the config)."""
+    wanted = dynamic_products(args.mig_layouts, config)
+    present = {g.product for _, inv in cluster.nodes for g in inv.gpus if g.mode == "mig"}
+    dynamic = frozenset(wanted & present)
+    if dynamic and modes != ["protocol"]:
+        raise SimulateError(f"dynamic MIG layouts are replayed in --mode protocol only (the extender's path), "
+                            f"not {args.mode}")
+    return dynamic
 
 
 def run(args: argparse.Namespace) -> int:
@@ -420,6 +452,8 @@ def _run(args: argparse.Namespace) -> int:
     if source == "kube":
         given = [p for p in (args.nodes, *args.pods) if p is not None]
         return _run_kube(args, list(dict.fromkeys(given)), policies, narrow, config)
+    if args.mig_layouts == "dynamic":
+        raise SimulateError("--mig-layouts dynamic does not apply to openb CSV traces: their nodes have no MIG GPUs")
     nodes_path, traces = _trace_files(args)
     nodes = read_nodes(nodes_path)
     loaded = [(name, read_pods(path)) for name, path in traces]

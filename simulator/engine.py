@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,6 +32,9 @@ from gpuslice.packing.state import ClusterState, PackRequest
 from gpuslice.policies.registry import Weighted
 from gpuslice.scheduler import PackedCluster, Scheduler
 from simulator.openb import MILLI, OpenbNode, OpenbPod, build_state, to_request
+
+if TYPE_CHECKING:
+    from simulator.miglayouts import DynamicLayouts
 
 MODES = ("protocol", "wide", "ideal", "paper")
 F64 = NDArray[np.float64]
@@ -88,21 +92,26 @@ def simulate(nodes: Sequence[OpenbNode], pods: Sequence[OpenbPod], policy: str |
 
 def replay(state: ClusterState, reqs: Sequence[PackRequest], base: Sequence[PackRequest], policy: str | Weighted,
            seed: int, options: EngineOptions, *,
-           progress: Callable[[int, int], None] | None = None) -> RunResult:
+           progress: Callable[[int, int], None] | None = None, layouts: DynamicLayouts | None = None,
+           capacity: float | None = None) -> RunResult:
     """Replay requests in order on ``state`` (mutated); ``base`` is the original workload (offline targets).
 
     Shared by the openb CSV path and the v1 List path, so both go through the same decision code.
+    ``layouts`` (protocol mode): a pod the filter refuses everywhere gets the core's MIG re-cut, then
+    the filter again; ``capacity``: the slices the percentages are of (default: those advertised now).
     """
     started = time.perf_counter()
     if options.mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}")
     cluster = PackedCluster(state)
     sched = Scheduler(cluster, policy, narrow=options.narrow, seed=seed, trace=list(base))
+    if layouts is not None:
+        sched.instance_order = layouts.instance_order
     paper_rank = np.empty(state.n_nodes, dtype=np.int64)
     paper_rank[np.random.default_rng(seed).permutation(state.n_nodes)] = np.arange(state.n_nodes)
     ext_rank = sched.node_keys()
     kube_rng = np.random.default_rng(seed + 104729)
-    total = float(state.total_slices)
+    total = float(state.total_slices if capacity is None else capacity)
     demand = np.array([r.total_slices for r in reqs], dtype=np.float64)
     arrived = np.cumsum(demand) / total * 100.0
     allocated = np.zeros(len(reqs))
@@ -112,11 +121,15 @@ def replay(state: ClusterState, reqs: Sequence[PackRequest], base: Sequence[Pack
     mode = options.mode
     for i, req in enumerate(reqs):
         sched.observe(req)
+        if layouts is not None:
+            layouts.observe(req)
         now = float(i)
         if mode == "protocol":
             # The extender's /filter (narrowed, reserves the first node's best placement) and
             # /prioritize, then kube-scheduler's pick and /bind.
             shown, ranked, _ = sched.filter_request(req, None, now, explain_refused=False)
+            if not shown.node.shape[0] and layouts is not None and layouts.recut_for(req) is not None:
+                shown, ranked, _ = sched.filter_request(req, None, now, explain_refused=False)
             cands = ranked.cands
             c = -1
             if shown.node.shape[0]:

@@ -312,6 +312,8 @@ def test_rbac_is_least_privilege() -> None:
         *{("", "pods", v) for v in ("get", "list", "watch", "patch")},
         ("", "pods/binding", "create"), ("", "pods/eviction", "create"), ("", "events", "create"),
         *{("policy", "poddisruptionbudgets", v) for v in ("list", "watch")}}
+    # Dynamic MIG layouts: node patches, held by the mig-layout policy to one annotation.
+    assert _rules(objs, "gpu-slice-extender-mig-layouts") == {("", "nodes", "patch")}
     for o in objs:
         for rule in o.get("rules", []):
             assert "*" not in rule["verbs"] and "*" not in rule.get("resources", []), o["metadata"]["name"]
@@ -327,7 +329,8 @@ def test_rbac_is_least_privilege() -> None:
                      ("system:kube-scheduler", "gpu-slice-scheduler"),
                      ("system:volume-scheduler", "gpu-slice-scheduler"),
                      # TokenReview and SubjectAccessReview for the slice map's bearer tokens (the extender's)
-                     ("system:auth-delegator", "gpu-slice-extender")}
+                     ("system:auth-delegator", "gpu-slice-extender"),
+                     ("gpu-slice-extender-mig-layouts", "gpu-slice-extender")}
     # Each container of the scheduler pod mounts its own account's token, and no other.
     dep = one(objs, "Deployment", "gpu-slice-scheduler")
     pod = dep["spec"]["template"]["spec"]
@@ -358,7 +361,7 @@ def test_admission_policy_names_the_service_accounts_the_pods_run_as() -> None:
     assert policies == bindings == {"gpu-slice-annotations", "gpu-slice-assignments-in-bindings",
                                     "gpu-slice-services-write-only-their-annotations",
                                     "gpu-slice-scheduled-slice-pods", "gpu-slice-device-plugin-own-node",
-                                    "gpu-slice-requests", "gpu-slice-slice-pods"}
+                                    "gpu-slice-requests", "gpu-slice-slice-pods", "gpu-slice-mig-layouts"}
     # Every path a pod's annotations can be written by is matched.
     matched = {r for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
                for rule in o["spec"]["matchConstraints"]["resourceRules"] for r in rule["resources"]}

@@ -409,6 +409,80 @@ class ClusterState:
         self._append_units(v, units)
         self._refresh_maxima()
 
+    def recut_gpu(self, v: int, gpu_index: int, retire: Sequence[int], units: Sequence[UnitSpec]) -> list[int]:
+        """A MIG GPU re-cut in its free placement slots (:mod:`gpuslice.miglayout`): the instances
+        ``retire`` (unit rows, each completely free and usable) go, the instances ``units`` (MIG units
+        of the same GPU) come; every other row of the node keeps its number, so what pods and
+        reservations hold is untouched. Returns the new rows. Refuses (``PackingError``) to retire a
+        unit that anything holds: a running or reserved instance is never destroyed."""
+        self._check_node(v)
+        r = np.asarray(retire, dtype=np.int64)
+        if r.shape[0] and (np.any((r < 0) | (r >= self.n_units)) or np.any(self.unit_node[r] != v)):
+            raise PackingError(f"re-cut: units {r.tolist()} are not all on node {v}")
+        if r.shape[0] and np.any(self.unit_gpu_index[r] != gpu_index):
+            raise PackingError(f"re-cut: units {r.tolist()} are not all on GPU {gpu_index} of node {v}")
+        if r.shape[0] and np.any(self.unit_kind[r] != KIND_MIG):
+            raise PackingError("re-cut: only MIG instances are retired")
+        if r.shape[0] and (np.any(self.unit_free[r] != self.unit_cap[r]) or not bool(self.unit_usable[r].all())):
+            raise PackingError(f"re-cut: units {r[self.unit_free[r] != self.unit_cap[r]].tolist()} are held or "
+                               "withdrawn; an instance that holds or is reserved for a pod is never destroyed")
+        live = [int(u) for u in self.node_rows(v)]
+        if any(int(u) not in live for u in r):
+            raise PackingError("re-cut: a retired unit is no longer attached to its node")
+        same_gpu = [u for u in live if int(self.unit_gpu_index[u]) == gpu_index]
+        if not same_gpu:
+            raise PackingError(f"re-cut: node {v} has no GPU {gpu_index}")
+        gid = int(self.unit_gpu_id[same_gpu[0]])
+        for x in units:
+            if x.kind != KIND_MIG or x.capacity < 1 or x.gpu_index != gpu_index:
+                raise PackingError(f"re-cut: bad new unit {x}")
+            if (x.free if x.free is not None else x.capacity) not in range(x.capacity + 1):
+                raise PackingError("unit free slices outside 0..capacity")
+        # Retire: the rows stay (numbers never move) but leave the node and stop counting.
+        if r.shape[0]:
+            self.total_slices -= int(self.unit_cap[r].sum())
+            self.unit_usable[r] = False
+            self.dead_units += int(r.shape[0])
+        old, k = self.n_units, len(units)
+        new_sentinel = old + k
+        if k:
+            values: dict[str, list[Any]] = {
+                "unit_node": [v] * k, "unit_gpu_index": [gpu_index] * k, "unit_kind": [KIND_MIG] * k,
+                "unit_cap": [x.capacity for x in units], "unit_mem": [x.memory_mib for x in units],
+                "unit_free": [x.capacity if x.free is None else x.free for x in units],
+                "unit_usable": [x.usable for x in units], "unit_gpu_id": [gid] * k, "unit_pos": [0] * k}
+            for arr, sentinel in _UNIT_SENTINELS:
+                view = self._room(arr, new_sentinel + 1)
+                view[old:new_sentinel] = values[arr]
+                view[new_sentinel] = sentinel
+            name = self.node_names[v]
+            self.unit_gpu.extend(x.gpu or f"{name}/gpu{gpu_index}" for x in units)
+            self.unit_instance.extend(x.instance for x in units)
+            self.n_units = new_sentinel
+            caps = np.array([x.capacity for x in units], dtype=np.int64)
+            free = np.array([x.capacity if x.free is None else x.free for x in units], dtype=np.int64)
+            self.total_slices += int(caps.sum())
+            self.allocated_slices += int((caps - free).sum())
+        gone = set(r.tolist())
+        rows = sorted([u for u in live if u not in gone] + list(range(old, new_sentinel)),
+                      key=lambda u: (int(self.unit_gpu_index[u]), u))
+        if len(rows) > self.width:
+            extra = len(rows) - self.width
+            self.node_units = np.hstack([self.node_units, np.full((self.n_nodes, extra), PAD, dtype=np.int64)])
+            for m, _, pad in _POSITION_VIEWS:
+                setattr(self, m, np.hstack([getattr(self, m), np.full((self.n_nodes, extra), pad, dtype=np.int64)]))
+            self.width = len(rows)
+        self.node_units[v] = PAD
+        self.node_units[v, : len(rows)] = np.asarray(rows, dtype=np.int64)
+        self.unit_pos[np.asarray(rows, dtype=np.int64)] = np.arange(len(rows), dtype=np.int64)
+        self.node_gpus[v] = len(rows)
+        self.node_slice_cap[v] = int(self.unit_cap[np.asarray(rows, dtype=np.int64)].sum()) if rows else 0
+        self._refresh_views(v)
+        self._refresh_maxima()
+        self.layout_version += 1
+        self._touched(v)
+        return list(range(old, new_sentinel))
+
     def set_node_resources(self, v: int, cpu_milli: int, memory_mib: int) -> None:
         """New allocatable CPU and memory; what pods use there is kept."""
         self._check_node(v)

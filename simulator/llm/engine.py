@@ -41,6 +41,7 @@ from gpuslice.reservations import DEFAULT_TTL_S
 from gpuslice.scheduler import PackedCluster, Scheduler
 from simulator.llm.cluster import Cluster, S
 from simulator.llm.workload import Owner, Workload, diurnal
+from simulator.miglayouts import RECUT_WAIT_S, DynamicLayouts
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -115,6 +116,14 @@ class Result:
     wall_s: float = 0.0
     leaked_slices: int = 0
     series: list[tuple[float, int, float]] = field(default_factory=list)  # (hour, GPUs in use, $/h)
+    # Dynamic MIG layouts (``mig_dynamic``): pods that waited for a re-cut instead of going Pending
+    # (not in ``pods_pending``), the pod-hours of those waits, the re-cuts, and instances destroyed
+    # that held or were reserved for a pod (refused and counted: must be 0).
+    pods_recut: int = 0
+    recut_wait_pod_hours: float = 0.0
+    running_pod_hours: float = 0.0  # slice pods bound and running, integrated over the day
+    recuts: int = 0
+    busy_instances_destroyed: int = 0
 
     def top_reasons(self, n: int = 3) -> list[tuple[str, int]]:
         return self.reasons.most_common(n)
@@ -130,6 +139,9 @@ class Result:
             "cluster_cost_per_hour": round(self.cluster_cost_per_hour, 2),
             "pending_reasons": dict(self.reasons.most_common()), "decisions": self.decisions,
             "leaked_slices": self.leaked_slices, "wall_s": round(self.wall_s, 3),
+            "running_pod_hours": round(self.running_pod_hours, 3), "pods_recut": self.pods_recut,
+            "recut_wait_pod_hours": round(self.recut_wait_pod_hours, 3),
+            "recuts": self.recuts, "busy_instances_destroyed": self.busy_instances_destroyed,
         }
 
 
@@ -164,7 +176,8 @@ class Replay:
 
     def __init__(self, cluster: Cluster, workload: Workload, policy: str, *, margin: float = 0.0,
                  bind_latency_s: float = 0.5, reservation_ttl_s: float = DEFAULT_TTL_S, scrape_s: float = 30.0,
-                 series_step_s: float = 900.0) -> None:
+                 series_step_s: float = 900.0, mig_dynamic: frozenset[str] = frozenset(),
+                 recut_wait_s: float = RECUT_WAIT_S) -> None:
         self.cluster = cluster
         self.workload = workload
         self.policy_spec = policy
@@ -204,6 +217,17 @@ class Replay:
         self._frag_cap = 0.0
         self._frag_idle = 0.0
         self._owners = {o.name: o for o in workload.owners}
+        self._running = 0
+        # Dynamic MIG layouts: the core's re-cuts for pods refused for shape; the pod binds after the
+        # modelled wait for its re-cut (``simulator.miglayouts.RECUT_WAIT_S``).
+        self.recut_wait_s = recut_wait_s
+        self.layouts = DynamicLayouts.build(self.state, {n.name: n.inventory for n in cluster.nodes}, mig_dynamic,
+                                            memory_tolerance=self.state.memory_tolerance,
+                                            wait_s=recut_wait_s) if mig_dynamic else None
+        if self.layouts is not None:
+            self.sched.instance_order = self.layouts.instance_order
+        self._gpu_number = {(int(self.state.unit_node[u]), int(self.state.unit_gpu_index[u])): int(self.unit_gpu[u])
+                            for u in range(self.state.n_units)}
 
     # ----- events ---------------------------------------------------------------------------
     def _push(self, t: float, prio: int, kind: str, key: str, count: int = 0) -> None:
@@ -265,6 +289,8 @@ class Replay:
         self.by_owner.setdefault(owner.name, []).append(pod)
         self.result.pods_created += 1
         self.sched.observe(pod.req)
+        if self.layouts is not None:
+            self.layouts.observe(pod.req)
         if not self._schedule(t, pod, first=True):
             pod.ever_pending = True
             pod.pending_since = t
@@ -277,6 +303,14 @@ class Replay:
         self._refresh_signals(t)
         chosen, ranked, _ = self.sched.filter_request(req, None, t, explain_refused=False)
         self.result.decisions += 1
+        delay = self.bind_latency_s
+        if chosen.node.shape[0] == 0 and self.layouts is not None and self.layouts.recut_for(req, t) is not None:
+            self._sync_units()
+            chosen, ranked, _ = self.sched.filter_request(req, None, t, explain_refused=False)
+            if chosen.node.shape[0]:
+                delay = max(self.recut_wait_s, self.bind_latency_s)
+                self.result.pods_recut += 1
+                self.result.recut_wait_pod_hours += delay / 3600.0
         if chosen.node.shape[0] == 0:
             if first:
                 rows = np.flatnonzero(state.node_alive).astype(np.int64)
@@ -288,9 +322,25 @@ class Replay:
         units = tuple(int(u) for u in ranked.cands.units[i])
         pod.phase, pod.node, pod.units = "reserved", node, units
         self._mark(units, +pod.activity * req.slices / S, t)
-        self._push(t + self.bind_latency_s, _P_BIND, "bind", pod.uid)
+        self._push(t + delay, _P_BIND, "bind", pod.uid)
         self._dirty = True
         return True
+
+    def _sync_units(self) -> None:
+        """A re-cut added unit rows: extend the per-unit arrays and the GPUs' advertised capacity."""
+        st = self.state
+        n = st.n_units
+        old = self.unit_gpu.shape[0]
+        if n > old:
+            extra = [self._gpu_number[(int(st.unit_node[u]), int(st.unit_gpu_index[u]))] for u in range(old, n)]
+            self.unit_gpu = np.concatenate([self.unit_gpu, np.array(extra, dtype=np.int64)])
+            self.unit_activity = np.concatenate([self.unit_activity[:old], np.zeros(n - old),
+                                                 self.unit_activity[old:]])
+        live = np.zeros(n, dtype=bool)
+        rows = st.node_units[st.node_alive]
+        live[rows[rows >= 0]] = True
+        self.gpu_slices = np.bincount(self.unit_gpu, weights=np.where(live, st.unit_cap[:n], 0),
+                                      minlength=self.n_gpus)
 
     def _bind(self, t: float, uid: str) -> None:
         pod = self.pods.get(uid)
@@ -305,6 +355,7 @@ class Replay:
             return
         pod.phase = "running"
         pod.bound_at = t
+        self._running += 1
         self.result.pods_placed += 1
         if pod.owner.kind == "Job":
             self._push(t + pod.owner.run_s, _P_JOB_END, "job-end", uid)
@@ -319,6 +370,7 @@ class Replay:
             self.packed.release(pod.uid)
             self._freed(pod, t)
         elif pod.phase == "running":
+            self._running -= 1
             r = pod.req
             self.state.give_back(pod.node, pod.units, r.slices, r.cpu_milli, r.memory_mib, r.owner)
             self._freed(pod, t)
@@ -370,6 +422,9 @@ class Replay:
         self.packed.expire(math.inf)
         st = self.state
         self.result.leaked_slices = int((st.unit_cap[: st.n_units] - st.unit_free[: st.n_units]).sum())
+        if self.layouts is not None:
+            self.result.recuts = self.layouts.recuts
+            self.result.busy_instances_destroyed = self.layouts.busy_refused
 
     # ----- signals and metrics ------------------------------------------------------------------
     def _mark(self, units: Sequence[int], delta: float, t: float) -> None:
@@ -415,6 +470,7 @@ class Replay:
         if dt > 0:
             r = self.result
             r.gpus_in_use_avg += self._gpus_now * dt
+            r.running_pod_hours += self._running * dt / 3600.0
             r.cost_per_hour += self._cost_now * dt
             self._frag_num += self._frag_idle * dt
             self._frag_den += self._frag_cap * dt

@@ -147,9 +147,6 @@ def test_document_refusals(text: str, expected: list[tuple[str, str]]) -> None:
                                      "H100-80GB (no legal memory-slice starts leave room for every instance)")),
     ("modes: {products: {H100-80GB: mig}}\nmigLayouts: {H100-80GB: {layout: [4g.40gb, 1g.10gb+me, 1g.10gb+me]}}",
      ("migLayouts.H100-80GB.layout", "the H100-80GB layout: more than 1 instances of 1g.10gb+me")),
-    ("modes: {products: {H100-80GB: mig}}\nmigLayouts: {H100-80GB: {layout: [3g.40gb], dynamic: true}}",
-     ("migLayouts.H100-80GB.dynamic", "dynamic MIG layouts (re-cut to Pending demand) are not built in this "
-                                      "version; set dynamic: false and keep the layout static")),
     ("migLayouts: {L4: {layout: [1g.10gb]}}", ("migLayouts.L4", "L4 does not support MIG")),
     ("migLayouts: {H100-80GB: {layout: [3g.40gb]}}",
      ("migLayouts.H100-80GB", "a MIG layout for H100-80GB GPUs, but modes gives H100-80GB mode whole; set "

@@ -361,7 +361,9 @@ async def test_a_cdi_spec_without_an_advertised_uuid_turns_it_unhealthy_in_kubel
 
 
 async def test_allocate_refusal_is_an_unexpected_admission_error(env: Env) -> None:
-    await env.start()
+    # No valid best fit exists for 9 slices: GetPreferredAllocation waits preferred_wait_empty_s (30 s by
+    # default, longer than this test waits) for an assignment before kubelet tops up and calls Allocate.
+    await env.start(preferred_wait_empty_s=1.0)
     await asyncio.to_thread(env.api.create_pod, "too-big", 9)  # fits no GPU: kubelet tops up at random
     pod = await env.failed("too-big")
     assert pod.status.reason == "UnexpectedAdmissionError"
