@@ -1,4 +1,4 @@
-"""Scenario 10: a MIG layout that follows demand, on a kubelet-dm node (issue 51; named to run last).
+"""Scenario 11: a MIG layout that follows demand, on a kubelet-dm node (issue 51; named to run last).
 
 The node's H100 holds seven 1g.10gb instances and one of them runs a pod. A pod asking a 3-slice MIG
 instance is refused by the extender (no 3g instance exists); the extender publishes a re-cut of three
