@@ -52,6 +52,7 @@ from gpuslice.config import default_policy_spec
 from gpuslice.packing.state import ClusterState, PackRequest
 from gpuslice.scheduler import PackedCluster, Scheduler
 from simulator.cli import NODE_FILE, _published, default_trace_dir, parse_seeds
+from simulator.dra import DeviceChoice, attach
 from simulator.engine import EngineOptions, replay, simulate
 from simulator.inflate import inflate
 from simulator.kubefile import inflate_requests, load_kube_cluster
@@ -71,10 +72,12 @@ def spec(policy: str) -> str:
 
 
 def departures_replay(state: ClusterState, shapes: Sequence[PackRequest], policy: str, seed: int, *,
-                      load: float = 1.2, horizon: float = 3.0) -> tuple[float, float]:
+                      load: float = 1.2, horizon: float = 3.0,
+                      devices: DeviceChoice | None = None) -> tuple[float, float]:
     """Poisson arrivals of ``shapes`` (drawn with the seed), exponential lifetimes (mean 1), offered
     load ``load`` x capacity; pods that fit nowhere are dropped. Returns (time-averaged unallocated
-    slice % over t in [horizon/3, horizon], % of pods dropped)."""
+    slice % over t in [horizon/3, horizon], % of pods dropped). ``devices``: who picks the device
+    (``simulate --device-choice``; default: the extender, as today)."""
     rng = np.random.default_rng([seed, 99])
     total = float(state.total_slices)
     mean_slices = float(np.mean([r.total_slices for r in shapes]))
@@ -85,6 +88,7 @@ def departures_replay(state: ClusterState, shapes: Sequence[PackRequest], policy
     picks = rng.integers(len(shapes), size=n)
     cluster = PackedCluster(state)
     sched = Scheduler(cluster, spec(policy), seed=seed, trace=list(shapes))
+    driver = attach(sched, devices)
     heap: list[tuple[float, int, int, list[int], int, int, int, str]] = []
     start = horizon / 3.0
     area = 0.0
@@ -103,9 +107,13 @@ def departures_replay(state: ClusterState, shapes: Sequence[PackRequest], policy
             d = heapq.heappop(heap)
             advance(d[0])
             state.give_back(d[2], d[3], d[4], d[5], d[6], d[7])
+            if driver is not None:
+                driver.event()
         advance(t)
         req = replace(shapes[int(picks[i])], uid=f"p{i}")
         sched.observe(req)
+        if driver is not None:
+            driver.observe(req)
         chosen, ranked, _ = sched.filter_request(req, None, float(i), explain_refused=False)
         if t > start:
             counted += 1
@@ -113,6 +121,8 @@ def departures_replay(state: ClusterState, shapes: Sequence[PackRequest], policy
             dropped += t > start
             continue
         cluster.bind(req.uid)  # the reservation's take stays as the pod's own
+        if driver is not None:
+            driver.event()
         c = int(chosen.index[0])
         node = int(ranked.cands.node[c])
         units = ranked.cands.units[c].tolist() if req.gpus else []

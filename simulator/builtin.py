@@ -30,6 +30,7 @@ from gpuslice.config import default_policy_spec
 from gpuslice.errors import GpuSliceError
 from gpuslice.policies.registry import resolve
 from gpuslice.reservations import DEFAULT_TTL_S
+from simulator.dra import DeviceChoice
 from simulator.llm.cluster import Cluster, build_cluster
 from simulator.llm.engine import Result, replay
 from simulator.llm.workload import Workload, generate
@@ -67,14 +68,16 @@ def label(policy: str) -> str:
 
 def run_all(policies: Sequence[str], seeds: Sequence[int], *, cluster: Cluster | None = None,
             margin: float = 0.0, workloads: dict[int, Workload] | None = None,
-            reservation_ttl_s: float = DEFAULT_TTL_S) -> list[Result]:
-    """Every policy on every seed; each seed's workload is generated once and shared."""
+            reservation_ttl_s: float = DEFAULT_TTL_S, devices: DeviceChoice | None = None) -> list[Result]:
+    """Every policy on every seed; each seed's workload is generated once and shared. ``devices``:
+    who picks each pod's device (``--device-choice``; default: the extender, as today)."""
     cluster = cluster or build_cluster()
     results: list[Result] = []
     for seed in seeds:
         workload = (workloads or {}).get(seed) or generate(seed)
         for policy in policies:
-            results.append(replay(cluster, workload, policy, margin=margin, reservation_ttl_s=reservation_ttl_s))
+            results.append(replay(cluster, workload, policy, margin=margin, reservation_ttl_s=reservation_ttl_s,
+                                  devices=devices))
     return results
 
 
@@ -212,16 +215,19 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     margin = float(getattr(args, "narrow_margin", 0.0) or 0.0)
     config = getattr(args, "config_obj", None)
     ttl = config.reservation_ttl_seconds if config is not None else DEFAULT_TTL_S
+    devices: DeviceChoice | None = getattr(args, "devices", None)
     started = time.perf_counter()
     try:
         for policy in policies:  # unknown names and bad weights before the first run, not after some
             resolve(policy)
-        results = run_all(policies, seeds, margin=margin, reservation_ttl_s=ttl)
+        results = run_all(policies, seeds, margin=margin, reservation_ttl_s=ttl, devices=devices)
     except GpuSliceError as err:
         print(f"gpu-slice simulate: {err}", file=sys.stderr)
         return 2
     cluster = build_cluster()
     rows = summarise(results)
+    if devices is not None and devices.kind != "free":
+        print(f"device choice: {devices.label}", file=out)
     print(render(rows, cluster=cluster, seeds=seeds), file=out)
     print(f"\n{len(results)} runs in {time.perf_counter() - started:.1f} s", file=out)
     json_path = getattr(args, "json", None)
@@ -231,6 +237,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         if json_path:
             flag = f"--json {json_path}"
             doc = {"scenario": "builtin-llm", "nodes": len(cluster.nodes), "gpus": cluster.gpu_count,
+                   "device_choice": (devices or DeviceChoice()).label,
                    "definitions": __doc__, "summary": rows, "runs": [r.as_dict() for r in results]}
             text = json.dumps(doc, indent=2, default=str)
             if str(json_path) == "-":

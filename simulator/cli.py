@@ -18,6 +18,7 @@ from gpuslice.config import Config, default_policy_spec, load_config_text
 from gpuslice.decision import NarrowConfig
 from gpuslice.errors import ConfigError, GpuSliceError
 from gpuslice.policies.registry import resolve
+from simulator import dra
 from simulator.engine import MODES, EngineOptions, RunResult, replay, simulate
 from simulator.inflate import has_gpu_demand, inflate
 from simulator.kubefile import inflate_requests, load_kube_cluster, looks_like_kube_list
@@ -157,6 +158,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "given), narrowing margin (when --narrow-margin is not given), memory tolerance, "
                              "isolation default, owner-spread rule, reservation TTL and prices, so a replay "
                              "decides as the extender configured with it would")
+    dra.add_arguments(parser)
     parser.add_argument("--json", type=Path, help="write per-run figures to this JSON file ('-': standard output)")
     parser.add_argument("--plot", type=Path,
                         help="write a plot to this image file (.png, .pdf, .svg...): allocation against "
@@ -343,17 +345,19 @@ def _run_kube(args: argparse.Namespace, paths: list[Path], policies: list[str], 
             for mode in modes:
                 opts = EngineOptions(mode=mode, slices=cluster.slices_per_gpu, narrow=narrow,
                                      extender_weight=args.extender_weight, kube_scorer=args.kube_scorer,
-                                     placements=True)
+                                     placements=True, devices=args.devices)
                 r = replay(cluster.state(), requests, cluster.requests, policy, seed, opts,
                            progress=progress_bar(f"{name} {policy} {mode} seed {seed}"))
                 summaries.append(Summary.of(name, r, with_placements=True))
                 if args.plot:
                     runs.append((name, r))
+    _print_devices(args)
     print(table(summaries, {}))
     print()
     print(TRACE_LEGEND)
     _write_outputs(args, summaries, {"cluster": [str(p) for p in paths], "seeds": args.seeds,
-                                     "inflate": args.inflate, "slices": cluster.slices_per_gpu}, runs)
+                                     "inflate": args.inflate, "slices": cluster.slices_per_gpu,
+                                     "device_choice": args.devices.label}, runs)
     return 0
 
 
@@ -393,9 +397,15 @@ def _load_config(args: argparse.Namespace) -> Config | None:
     return config
 
 
+def _print_devices(args: argparse.Namespace) -> None:
+    if args.devices.kind != "free":
+        print(f"device choice: {args.devices.label}")
+
+
 def _run(args: argparse.Namespace) -> int:
     source = _source(args)
     _applicability(args, source)
+    args.devices = dra.choice_from_args(args)
     config = _load_config(args)
     args.config_obj = config
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
@@ -432,7 +442,8 @@ def _run(args: argparse.Namespace) -> int:
             for policy in policies:
                 for mode in modes:
                     opts = EngineOptions(mode=mode, slices=args.slices, narrow=narrow,
-                                         extender_weight=args.extender_weight, kube_scorer=args.kube_scorer)
+                                         extender_weight=args.extender_weight, kube_scorer=args.kube_scorer,
+                                         devices=args.devices)
                     bar = progress_bar(f"{trace_name} {policy} {mode} seed {seed}")
                     r = simulate(nodes, inflated, policy, seed, opts, trace=pods, progress=bar)
                     s = Summary.of(trace_name, r)
@@ -445,13 +456,15 @@ def _run(args: argparse.Namespace) -> int:
                           f"placed={s.pods_placed}/{s.pods} {s.seconds:.1f}s", flush=True)
     published = _published(nodes_path.parent / "published_results.csv")
     print()
+    _print_devices(args)
     print(table(summaries, published))
     print()
     print(TRACE_LEGEND)
     _write_outputs(args, summaries, {"nodes": str(nodes_path), "traces": [str(p) for _, p in traces],
                                      "seeds": args.seeds, "inflate": args.inflate, "slices": args.slices,
                                      "narrow_margin": args.narrow_margin,
-                                     "narrow_max_nodes": args.narrow_max_nodes}, runs)
+                                     "narrow_max_nodes": args.narrow_max_nodes,
+                                     "device_choice": args.devices.label}, runs)
     return 0
 
 
