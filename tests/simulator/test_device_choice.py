@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 from pathlib import Path
@@ -15,7 +14,7 @@ from gpuslice.config import default_policy_spec
 from gpuslice.fakecluster import FakeClusterSpec, generate
 from gpuslice.packing.state import KIND_MPS, ClusterState, NodeSpec, PackRequest, UnitSpec
 from gpuslice.scheduler import PackedCluster, Scheduler
-from simulator.cli import NODE_FILE, add_arguments, default_trace_dir, run
+from simulator.cli import NODE_FILE, default_trace_dir, run
 from simulator.dra import DeviceChoice, DeviceChoiceError, Driver, attach
 from simulator.engine import EngineOptions, replay, simulate
 from simulator.inflate import inflate
@@ -26,27 +25,12 @@ from simulator.llm.workload import generate as day_workload
 from simulator.metrics import unallocated_at
 from simulator.openb import MILLI, read_nodes, read_pods
 
+from .test_cli_simulate import files as tiny_openb  # the trace the golden file was recorded on
+from .test_cli_simulate import parse
+
 GOLDEN = json.loads((Path(__file__).parent / "data" / "free_golden.json").read_text())
 DATA = default_trace_dir()
 CHOICES = (DeviceChoice(), DeviceChoice("free"))
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    return p.parse_args(argv)
-
-
-def tiny_openb(tmp_path: Path) -> tuple[Path, Path]:
-    """The trace of test_cli_simulate, which the golden file was recorded on."""
-    nodes = tmp_path / "nodes.csv"
-    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
-        f"n{i},32000,128000,{2 if i % 2 else 4},{'T4' if i % 2 else 'G2'}\n" for i in range(12)))
-    pods = tmp_path / "openb_pod_list_tiny.csv"
-    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + "".join(
-        f"p{i},2000,4000,{1 if i % 5 else 2},{(300 + 100 * (i % 4)) if i % 5 and i % 3 else 1000}\n"
-        for i in range(30)))
-    return nodes, pods
 
 
 def fake_file(tmp_path: Path, mode: str, seed: int) -> Path:
