@@ -70,13 +70,14 @@ Results = dict[str, dict[str, dict[str, Any]]]
 
 def run_openb(traces: Sequence[str], seeds: Sequence[int], variants: Sequence[str], results: Results,
               save: Callable[[], None]) -> None:
+    """Seed by seed (every trace for a seed, then the next), so a run cut short has whole seeds."""
     base = default_trace_dir()
     nodes = read_nodes(base / NODE_FILE)
     capacity = sum(n.gpus for n in nodes) * MILLI
     policy = default_policy_spec()
-    for trace in traces:
-        pods = read_pods(base / f"openb_pod_list_{trace}.csv")
-        for seed in seeds:
+    traces_pods = {trace: read_pods(base / f"openb_pod_list_{trace}.csv") for trace in traces}
+    for seed in seeds:
+        for trace, pods in traces_pods.items():
             inflated = inflate(pods, capacity, seed)
             line = []
             for v in variants:
@@ -90,29 +91,30 @@ def run_openb(traces: Sequence[str], seeds: Sequence[int], variants: Sequence[st
 
 def run_fake(fc_seeds: Sequence[int], seeds: Sequence[int], variants: Sequence[str], departures: Sequence[bool],
              results: Results, save: Callable[[], None], folder: Path) -> None:
+    """Seed by seed, as :func:`run_openb`."""
     policy = default_policy_spec()
-    for mode in FAKE_MODES:
-        for dep in departures:
-            name = f"fc-{mode}-{'dep' if dep else 'arr'}"
-            for fc in fc_seeds:
-                cluster = load_kube_cluster([fake_cluster_file(mode, fc, folder)])
-                capacity = cluster.state().total_slices
-                for seed in seeds:
-                    line = []
-                    reqs = None if dep else inflate_requests(cluster.requests, capacity, seed, 1.3)
-                    for v in variants:
-                        started = time.perf_counter()
-                        if dep:
-                            value, _ = departures_replay(cluster.state(), cluster.requests, "default", seed,
-                                                         devices=VARIANTS[v])
-                        else:
-                            assert reqs is not None
-                            r = replay(cluster.state(), reqs, cluster.requests, policy, seed,
-                                       EngineOptions(slices=cluster.slices_per_gpu, devices=VARIANTS[v]))
-                            value = unallocated_at(r.arrived, r.allocated, 100.0)
-                        results.setdefault(name, {}).setdefault(v, {})[f"{fc}/{seed}"] = value
-                        line.append(f"{v} {value:.3f} ({time.perf_counter() - started:.0f}s)")
-                    print(f"{name} s{fc} seed {seed}: " + ", ".join(line), flush=True)
+    clusters = {(mode, fc): load_kube_cluster([fake_cluster_file(mode, fc, folder)])
+                for mode in FAKE_MODES for fc in fc_seeds}
+    for seed in seeds:
+        for (mode, fc), cluster in clusters.items():
+            capacity = cluster.state().total_slices
+            for dep in departures:
+                name = f"fc-{mode}-{'dep' if dep else 'arr'}"
+                line = []
+                reqs = None if dep else inflate_requests(cluster.requests, capacity, seed, 1.3)
+                for v in variants:
+                    started = time.perf_counter()
+                    if dep:
+                        value, _ = departures_replay(cluster.state(), cluster.requests, "default", seed,
+                                                     devices=VARIANTS[v])
+                    else:
+                        assert reqs is not None
+                        r = replay(cluster.state(), reqs, cluster.requests, policy, seed,
+                                   EngineOptions(slices=cluster.slices_per_gpu, devices=VARIANTS[v]))
+                        value = unallocated_at(r.arrived, r.allocated, 100.0)
+                    results.setdefault(name, {}).setdefault(v, {})[f"{fc}/{seed}"] = value
+                    line.append(f"{v} {value:.3f} ({time.perf_counter() - started:.0f}s)")
+                print(f"{name} s{fc} seed {seed}: " + ", ".join(line), flush=True)
                 save()
 
 
