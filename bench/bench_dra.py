@@ -159,7 +159,7 @@ def _mean(values: Sequence[float]) -> float:
 
 def report(results: Results) -> None:
     """A table per workload kind: means over seeds (and cluster seeds), and how each variant fares
-    against ``free`` seed by seed ("seeds worse/better": by more than 0.005, over the table's rows)."""
+    against ``free`` seed by seed (worse/better: by more than 0.005; the day: by anything)."""
     variants = [v for v in VARIANTS if any(v in res for res in results.values())]
     head = f"{'workload':<24}" + "".join(f"{v:>11}" for v in variants)
     for kind, title in (("openb-", "openb traces: unallocated GPU % at 100 % arrived"),
@@ -173,18 +173,29 @@ def report(results: Results) -> None:
             res = results[name]
             print(f"{name.removeprefix('openb-'):<24}" + "".join(
                 f"{_mean(list(res[v].values())):>11.3f}" if v in res else f"{'-':>11}" for v in variants))
-        print(f"{'seeds worse/better':<24}" + "".join(
-            f"{_tally(results, rows, v):>11}" for v in variants))
+        print(f"\nthe same, seeds worse/better than free by more than 0.005\n{head}")
+        for name in rows:
+            print(f"{name.removeprefix('openb-'):<24}" + "".join(f"{_tally(results, [name], v):>11}"
+                                                                  for v in variants))
+        print(f"{'all':<24}" + "".join(f"{_tally(results, rows, v):>11}" for v in variants))
     if "day" in results:
         day = results["day"]
-        print(f"\nbuilt-in LLM day (means over seeds; lower is better)\n{'variant':<12}{'seeds':>6}"
-              + "".join(f"{label:>10}" for label, _ in DAY_FIGURES))
+        print(f"\nbuilt-in LLM day (means over seeds; lower is better; then seeds worse/better than free)\n"
+              f"{'variant':<12}{'seeds':>6}" + "".join(f"{label:>10}" for label, _ in DAY_FIGURES)
+              + "".join(f"{label + ' w/b':>12}" for label, _ in DAY_FIGURES))
+        free = day.get("free", {})
         for v in variants:
             if v not in day:
                 continue
-            runs = list(day[v].values())
-            print(f"{v:<12}{len(runs):>6}" + "".join(f"{_mean([r[label] for r in runs]):>10.3f}"
-                                                     for label, _ in DAY_FIGURES))
+            runs = day[v]
+            means = "".join(f"{_mean([r[label] for r in runs.values()]):>10.3f}" for label, _ in DAY_FIGURES)
+            tallies = ""
+            for label, _ in DAY_FIGURES:
+                pairs = [(r[label], free[s][label]) for s, r in runs.items() if s in free]
+                worse = sum(a > b + 1e-9 for a, b in pairs)
+                better = sum(a < b - 1e-9 for a, b in pairs)
+                tallies += f"{f'{worse}/{better}':>12}"
+            print(f"{v:<12}{len(runs):>6}{means}{tallies}")
 
 
 def _tally(results: Results, rows: Sequence[str], variant: str) -> str:
