@@ -460,7 +460,7 @@ def fake_api_child(args: argparse.Namespace) -> int:
 
 
 def watch_rss(proc: subprocess.Popen[bytes], port: int, timeout: float) -> tuple[float, float, float, float]:
-    """Seconds to ready, VmRSS at ready, VmRSS 5 s later, peak VmHWM."""
+    """Seconds to ready (``/readyz`` on the ops ``port``), VmRSS at ready, VmRSS 5 s later, peak VmHWM."""
     t0 = time.monotonic()
 
     def ready() -> bool:
@@ -488,13 +488,13 @@ def part_rss(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         t0 = time.monotonic()
         subprocess.run(cmd, check=True)
         say(f"     {time.monotonic() - t0:.0f} s, {path.stat().st_size / 2**20:.0f} MiB")
-    port = free_port()
-    say(f"   $ gpu-slice extender --cluster {path.name} --port {port}")
+    port, ops = free_port(), free_port()
+    say(f"   $ gpu-slice extender --cluster {path.name} --port {port} --ops-address 127.0.0.1 --ops-port {ops}")
     log = open(work / "rss-cluster.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([*gs, "extender", "--cluster", str(path), "--port", str(port)], stdout=log,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([*gs, "extender", "--cluster", str(path), "--port", str(port), "--ops-address",
+                             "127.0.0.1", "--ops-port", str(ops)], stdout=log, stderr=subprocess.STDOUT)
     try:
-        took, at_ready, later, peak = watch_rss(proc, port, 1200)
+        took, at_ready, later, peak = watch_rss(proc, ops, 1200)
         names = [f"gpu-node-{i:0{max(3, len(str(n - 1)))}d}" for i in range(n)]
         lat = measure(port, names, 100)
     finally:
@@ -519,11 +519,13 @@ def part_rss(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 raise RuntimeError(f"fake API server exited: {(work / 'fakeapi.log').read_text()[-2000:]}")
             return kubeconfig.is_file()
         wait_for("the fake API server", api_up, 900, 0.5)
-        port = free_port()
-        say(f"   $ gpu-slice extender --kubeconfig fakeapi.kubeconfig --no-fencing --port {port}")
+        port, ops = free_port(), free_port()
+        say(f"   $ gpu-slice extender --kubeconfig fakeapi.kubeconfig --no-fencing --port {port} "
+            f"--ops-address 127.0.0.1 --ops-port {ops}")
         proc = subprocess.Popen([*gs, "extender", "--kubeconfig", str(kubeconfig), "--no-fencing", "--port",
-                                 str(port)], stdout=log, stderr=subprocess.STDOUT)
-        took, at_ready, later, peak = watch_rss(proc, port, 1200)
+                                 str(port), "--ops-address", "127.0.0.1", "--ops-port", str(ops)], stdout=log,
+                                stderr=subprocess.STDOUT)
+        took, at_ready, later, peak = watch_rss(proc, ops, 1200)
     finally:
         stop_process(proc)
         stop_process(api)
@@ -549,40 +551,26 @@ def drain(resp: Any) -> Any:
 
 
 class BoundWatch:
-    """Records when each pod of a namespace is first seen with ``spec.nodeName`` (a raw watch)."""
+    """Records when each pod of a namespace is first seen with ``spec.nodeName``: a raw watch from the
+    namespace's list version, so no bind between the list and the watch is missed."""
 
     def __init__(self, core: Any, namespace: str) -> None:
         self.core, self.namespace = core, namespace
         self.bound: dict[str, float] = {}
         self.stop = threading.Event()
+        self.started = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
-        time.sleep(0.3)
+        self.started.wait(10)
 
     def _run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                resp = self.core.list_namespaced_pod(self.namespace, watch=True, timeout_seconds=60,
-                                                     _preload_content=False, _request_timeout=(5, 90))
-                buf = b""
-                for chunk in resp.stream(65536):
-                    now = time.perf_counter()
-                    buf += chunk
-                    *lines, buf = buf.split(b"\n")
-                    for line in lines:
-                        if not line.strip():
-                            continue
-                        obj = json.loads(line).get("object") or {}
-                        name = (obj.get("metadata") or {}).get("name")
-                        if name and (obj.get("spec") or {}).get("nodeName") and name not in self.bound:
-                            self.bound[name] = now
-                    if self.stop.is_set():
-                        break
-                resp.release_conn()
-            except Exception:
-                if self.stop.is_set():
-                    return
-                time.sleep(0.2)
+        from e2e.harness import follow_pods
+
+        def seen(_kind: str, obj: dict[str, Any], now: float) -> None:
+            name = (obj.get("metadata") or {}).get("name")
+            if name and (obj.get("spec") or {}).get("nodeName") and name not in self.bound:
+                self.bound[name] = now
+        follow_pods(self.core, self.namespace, seen, self.stop, clock=time.perf_counter, started=self.started)
 
 
 def slice_pod(name: str, size: int) -> dict[str, Any]:
@@ -596,6 +584,8 @@ def slice_pod(name: str, size: int) -> dict[str, Any]:
 
 def batch(core: Any, namespace: str, count: int, threads: int = 8, timeout: float = 300,
           cpu: dict[str, int] | None = None) -> dict[str, Any]:
+    """``count`` slice pods created by ``threads`` threads in a new namespace, until a watch saw all bound:
+    pods/s from the first create to the last bind, each pod's create->bind time, the CPU of ``cpu``'s pids."""
     drain(core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
                                 _preload_content=False))
     watch = BoundWatch(core, namespace)
@@ -613,6 +603,7 @@ def batch(core: Any, namespace: str, count: int, threads: int = 8, timeout: floa
     cpu = dict(cpu or {})
     cpu["this benchmark"] = os.getpid()
     cpu0 = {k: cpu_seconds(p) for k, p in cpu.items()}
+    load0 = os.getloadavg()[0]
     start = time.perf_counter()
     workers = [threading.Thread(target=create, args=(names[i::threads],)) for i in range(threads)]
     for w in workers:
@@ -627,9 +618,11 @@ def batch(core: Any, namespace: str, count: int, threads: int = 8, timeout: floa
     used = {k: cpu_seconds(p) - cpu0[k] for k, p in cpu.items()}
     times = sorted(watch.bound.values())
     last = times[-1]
+    lat = [1000 * max(0.0, watch.bound[n] - created[n]) for n in names]
     return {"pods": count, "create_s": created_all - start, "total_s": last - start,
             "rate": count / (last - start), "bind_span_rate": (count - 1) / max(1e-9, last - times[0]),
-            "first_bind_s": times[0] - start, "cpu_s": used}
+            "first_bind_s": times[0] - start, "cpu_s": used, "bind_ms_p50": statistics.median(lat),
+            "bind_ms_p99": pct(lat, 99), "load": (load0, os.getloadavg()[0])}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -691,11 +684,35 @@ def say_cpu(res: dict[str, Any]) -> None:
         f"     CPU seconds during the batch ({wall:.1f} s wall, {os.cpu_count()} CPUs): {parts}")
 
 
+def make_nodes(core: Any, count: int) -> None:
+    """``count`` plain GPU Node objects (``gpu-slice fake-cluster``'s, 8 H100 mps each, seed 3), their
+    allocatable and Ready condition posted through the status subresource as kubelet would, 8 at a time."""
+    from gpuslice.fakecluster import FakeClusterSpec, generate
+
+    nodes = [i for i in generate(FakeClusterSpec(nodes=count, gpus_per_node=8, seed=3)).document["items"]
+             if i["kind"] == "Node"]
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+    def make(part: list[dict[str, Any]]) -> None:
+        for node in part:
+            meta = node["metadata"]
+            drain(core.create_node({"apiVersion": "v1", "kind": "Node", "spec": node["spec"],
+                                    "metadata": {k: meta[k] for k in ("name", "labels", "annotations")}},
+                                   _preload_content=False))
+            status = {k: node["status"][k] for k in ("capacity", "allocatable")}
+            status["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                     "lastHeartbeatTime": now, "lastTransitionTime": now}]
+            drain(core.patch_node_status(meta["name"], {"status": status}, _preload_content=False))
+    workers = [threading.Thread(target=make, args=(nodes[i::8],)) for i in range(8)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+
 def part_e2e(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import yaml
     from kubernetes import client, config
-
-    from gpuslice.fakecluster import FakeClusterSpec, generate
 
     say(f"== (c) end to end: real kube-apiserver + kube-scheduler 1.36, {args.e2e_nodes} nodes x 8 H100 (mps), "
         f"a batch of {args.e2e_pods} slice pods (bar {E2E_BAR:.0f} pods/s)")
@@ -711,38 +728,21 @@ def part_e2e(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         cluster("up", str(d))
         api_client = config.new_client_from_config(config_file=str(d / "kubeconfig"))
         core = client.CoreV1Api(api_client)
-        nodes = [i for i in generate(FakeClusterSpec(nodes=args.e2e_nodes, gpus_per_node=8, seed=3)).document["items"]
-                 if i["kind"] == "Node"]
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-        def make(part: list[dict[str, Any]]) -> None:
-            for node in part:
-                meta = node["metadata"]
-                drain(core.create_node({"apiVersion": "v1", "kind": "Node", "spec": node["spec"],
-                                        "metadata": {k: meta[k] for k in ("name", "labels", "annotations")}},
-                                       _preload_content=False))
-                status = {k: node["status"][k] for k in ("capacity", "allocatable")}
-                status["conditions"] = [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                                         "lastHeartbeatTime": now, "lastTransitionTime": now}]
-                drain(core.patch_node_status(meta["name"], {"status": status}, _preload_content=False))
-        workers = [threading.Thread(target=make, args=(nodes[i::8],)) for i in range(8)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        say(f"   {len(nodes)} Node objects created (allocatable through the status subresource)")
+        make_nodes(core, args.e2e_nodes)
+        say(f"   {args.e2e_nodes} Node objects created (allocatable through the status subresource)")
 
         fencing = os.geteuid() == 0 and shutil.which("unshare") is not None
-        port = free_port()
+        port, ops = free_port(), free_port()
         ext_cmd = [sys.executable, "-m", "gpuslice_cli", "extender", "--kubeconfig", str(d / "kubeconfig"),
-                   "--port", str(port), "--lease", LEASE, "--identity", HOSTNAME, "--log-level", "WARNING"]
+                   "--port", str(port), "--ops-address", "127.0.0.1", "--ops-port", str(ops), "--lease", LEASE,
+                   "--identity", HOSTNAME, "--log-level", "WARNING"]
         if not fencing:
             ext_cmd.append("--no-fencing")
         say(f"   $ gpu-slice extender --kubeconfig DIR/kubeconfig --port {port} --lease {LEASE} --identity "
             f"{HOSTNAME}{'' if fencing else ' --no-fencing'}")
         ext_log = open(d / "extender.log", "wb")  # noqa: SIM115
         ext_proc = subprocess.Popen(ext_cmd, stdout=ext_log, stderr=subprocess.STDOUT, cwd=REPO)
-        wait_for("extender /readyz", lambda: http_status(f"http://127.0.0.1:{port}/readyz") == 200, 60)
+        wait_for("extender /readyz", lambda: http_status(f"http://127.0.0.1:{ops}/readyz") == 200, 60)
 
         shipped = yaml.safe_load(SHIPPED_CONFIG.read_text())
         with_ext = copy.deepcopy(shipped)
@@ -779,7 +779,7 @@ def part_e2e(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 spy.wait(30)
         if spy is not None and spy_out.is_file():
             print_spy(spy_out)
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{ops}/metrics", timeout=5).read().decode()
         counts = {}
         for line in metrics.splitlines():
             if line.startswith("gpu_slice_extender_requests_total{"):

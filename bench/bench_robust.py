@@ -159,8 +159,9 @@ def run_openb(traces: Sequence[str], seeds: Sequence[int], policies: Sequence[st
 
 
 def run_fake(fc_seeds: Sequence[int], seeds: Sequence[int], policies: Sequence[str], departures: Sequence[bool],
-             results: dict[str, dict[str, dict[int, float]]], folder: Path) -> None:
-    for mode in FAKE_MODES:
+             results: dict[str, dict[str, dict[int, float]]], folder: Path,
+             modes: Sequence[str] = FAKE_MODES) -> None:
+    for mode in modes:
         for fc in fc_seeds:
             cluster = load_kube_cluster([fake_cluster_file(mode, fc, folder)])
             capacity = cluster.state().total_slices
@@ -249,6 +250,9 @@ def main() -> int:
     ap.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-51"))
     ap.add_argument("--fc-seeds", type=parse_seeds, default=parse_seeds("1-5"))
     ap.add_argument("--modes", default="arr,dep", help="fake clusters: arr (arrivals only), dep (departures)")
+    ap.add_argument("--fake-modes", dest="fake_modes", default=",".join(FAKE_MODES),
+                    help="fake clusters: which GPU modes (default mig,mixed,mps; a rule of MPS GPUs alone moves "
+                         "nothing on mig clusters)")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -267,7 +271,13 @@ def main() -> int:
 
         deps = [m == "dep" for m in args.modes.split(",") if m]
         with tempfile.TemporaryDirectory(prefix="fc-") as folder:
-            run_fake(args.fc_seeds, args.seeds, policies, deps, results, Path(folder))
+            fake_modes = [m for m in args.fake_modes.split(",") if m]
+            unknown = sorted(set(fake_modes) - set(FAKE_MODES))
+            if unknown:
+                print(f"--fake-modes: unknown mode(s) {', '.join(unknown)}; known: {', '.join(FAKE_MODES)}",
+                      file=sys.stderr)
+                return 2
+            run_fake(args.fc_seeds, args.seeds, policies, deps, results, Path(folder), fake_modes)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
     missed = report(results, published, policies)
     print(f"\nbars missed on {len(missed)} of {len(results)} workloads" + (": " + ", ".join(missed) if missed else ""))

@@ -2,26 +2,28 @@
 
 Devices are injected by CDI names or by NVIDIA's volume-mount list, not by env, because a pod can
 override its env (DESIGN 3); the env-only strategy exists as an explicit option for runtimes with
-neither. A MIG placement exposes its MIG UUID, MPS and whole placements the GPU UUID. MPS placements
-also get the client settings of ``deviceplugin.mps`` (pipe directory, ``/dev/shm``, and the pod's own
-share as ``CUDA_MPS_*`` env: information a pod can override, since the cap a client cannot raise is
-set in the GPU's MPS daemon before Allocate answers, see ``deviceplugin.mps_limits``), and every
-placement gets ``GPU_SLICE_COUNT``, ``GPU_SLICE_FRACTION`` and ``GPU_SLICE_MEMORY_BYTES`` so an LLM
+neither. With CDI names the answer also sets ``NVIDIA_VISIBLE_DEVICES=void``: every CUDA image sets
+it to ``all``, and where the NVIDIA runtime still reads that variable (legacy or ``jit-cdi`` mode with
+``accept-nvidia-visible-devices-envvar-when-unprivileged = true``, the toolkit's default) the
+container would get every GPU. ``void`` beats the image's value; a pod's own env comes after ours
+and would win, so the shipped admission policy refuses slice pods that set it, and the README lists
+the toolkit setting that closes the rest. A MIG placement exposes its MIG UUID, MPS and whole
+placements the GPU UUID. MPS placements also get the client settings of ``deviceplugin.mps`` (pipe
+directory, ``/dev/shm``, and the pod's own share as ``CUDA_MPS_*`` env: information a pod can
+override, since the cap a client cannot raise is set in the GPU's MPS daemon before Allocate
+answers, see ``deviceplugin.mps_limits``), and every placement gets ``GPU_SLICE_COUNT``,
+``GPU_SLICE_FRACTION`` and ``GPU_SLICE_MEMORY_BYTES`` so an LLM
 server can size its KV cache and batch without querying the GPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
-import yaml
-
 from deviceplugin._proto.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplugin.assignments import slice_fraction
-from deviceplugin.errors import SettingsError
 from deviceplugin.mps import mps_client_settings
 from deviceplugin.settings import Injection
 from gpuslice.model import NodeInventory
@@ -30,6 +32,8 @@ from gpuslice.placement import Placement
 VOLUME_MOUNT_ROOT = "/var/run/nvidia-container-devices"
 VOLUME_MOUNT_HOST_PATH = "/dev/null"
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+VISIBLE_NONE = "void"
+"""The NVIDIA runtime's value for "no GPU through this variable" (devices come by CDI only)."""
 ENV_COUNT = "GPU_SLICE_COUNT"
 ENV_FRACTION = "GPU_SLICE_FRACTION"
 ENV_MEMORY = "GPU_SLICE_MEMORY_BYTES"
@@ -45,42 +49,6 @@ class Injector:
     cdi_class: str = "gpu"
     mps_root: Path = Path("/run/gpu-slice/mps")
     mps_memory_only: bool = False
-
-
-def find_cdi_spec(vendor: str, class_: str, dirs: Iterable[Path]) -> Path | None:
-    """The first CDI spec file (``*.yaml``, ``*.yml``, ``*.json``) in ``dirs`` whose ``kind`` is
-    ``<vendor>/<class>``, or ``None``. Unreadable files are skipped."""
-    kind = f"{vendor}/{class_}"
-    for directory in dirs:
-        try:
-            entries = sorted(directory.iterdir())
-        except OSError:
-            continue
-        for path in entries:
-            if path.suffix not in (".yaml", ".yml", ".json"):
-                continue
-            try:
-                doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, yaml.YAMLError):
-                continue
-            if isinstance(doc, dict) and doc.get("kind") == kind:
-                return path
-    return None
-
-
-def check_cdi_spec(vendor: str, class_: str, dirs: Iterable[Path]) -> Path:
-    """The spec that defines our CDI names; ``SettingsError`` with what to do when none does."""
-    dirs = list(dirs)
-    found = find_cdi_spec(vendor, class_, dirs)
-    if found is None:
-        raise SettingsError(
-            "cdi_vendor", f"no CDI spec of kind {vendor}/{class_} in {', '.join(str(d) for d in dirs)}: "
-            f"the container runtime could not resolve the names this plugin hands out "
-            f"({vendor}/{class_}=<GPU or MIG uuid>). Generate one with the NVIDIA Container Toolkit "
-            f"(v1.18+ writes /var/run/cdi/nvidia.yaml itself; else `nvidia-ctk cdi generate "
-            f"--output=/etc/cdi/nvidia.yaml`), mount that directory into the plugin, or choose "
-            f"--device-injection volume-mounts")
-    return found
 
 
 def device_uuids(placement: Placement) -> tuple[str, ...]:
@@ -100,6 +68,7 @@ def build_response(placement: Placement, inventory: NodeInventory,
     resp = pb.ContainerAllocateResponse()
     uuids = device_uuids(placement)
     if injector.mode == "cdi":
+        resp.envs[VISIBLE_DEVICES] = VISIBLE_NONE
         for uuid in uuids:
             resp.cdi_devices.add(name=f"{injector.cdi_vendor}/{injector.cdi_class}={uuid}")
     elif injector.mode == "volume-mounts":

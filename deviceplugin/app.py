@@ -15,20 +15,22 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry
 
+from deviceplugin import cdi
 from deviceplugin._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from deviceplugin.allocate import Injector, check_cdi_spec
+from deviceplugin.allocate import Injector
 from deviceplugin.assignments import AssignmentBook, Candidate, PodView, pod_view
 from deviceplugin.backend import Backend, GpuTarget, HealthEvent
+from deviceplugin.budget_watch import BudgetWatch
 from deviceplugin.coexistence import Refusal, find_refusals
 from deviceplugin.dcgm import DcgmCollector, DcgmOptions, SliceUse
-from deviceplugin.errors import DevicePluginError, KubeApiError, KubeUnavailable, SettingsError
+from deviceplugin.errors import DevicePluginError, KubeApiError, KubeUnavailable
 from deviceplugin.kube import KubeClient, Obj, Watcher, load_api_client
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.mps_limits import MpsLimitKeeper
@@ -56,8 +58,10 @@ EVENTS_KEPT = 256
 
 def make_backend(settings: Settings) -> Backend:
     """The backend the settings name (imported lazily: the NVML one needs nvidia-ml-py)."""
-    from deviceplugin.mps import MpsOptions, MpsSupervisor, standin_command
+    from deviceplugin.mps import MpsOptions, standin_command
+    from deviceplugin.mps_supervisor import MpsSupervisor
 
+    owns = settings.daemons == "plugin"
     if settings.backend == "simulated":
         from deviceplugin.simulated import SimulatedBackend, builtin_topology, load_topology
 
@@ -66,13 +70,17 @@ def make_backend(settings: Settings) -> Backend:
                 else builtin_topology(settings.node_name, default_slices=slices))
         mps = MpsSupervisor(MpsOptions(root=settings.mps_dir, control_command=standin_command(),
                                        probe_interval_s=1.0, backoff_initial_s=0.5, backoff_max_s=5.0,
-                                       tick_s=0.2))
+                                       tick_s=0.2), owns_daemons=owns, marks_wanted=True)
         return SimulatedBackend(topo, mps=mps)
     from deviceplugin.nvml_backend import NvmlBackend
 
-    mps_real = None if settings.read_only else MpsSupervisor(MpsOptions(root=settings.mps_dir))
+    # Adopting a daemon the gpu-slice-mps DaemonSet starts is a cheap probe: retry it often.
+    mps_real = None if settings.read_only else MpsSupervisor(
+        MpsOptions(root=settings.mps_dir, backoff_max_s=60.0 if owns else 5.0), owns_daemons=owns,
+        marks_wanted=True)
     return NvmlBackend(default_target=GpuTarget(settings.config.modes.default, settings.config.slices),
-                       read_only=settings.read_only, mps=mps_real)
+                       read_only=settings.read_only, mps=mps_real,
+                       record_root=None if settings.read_only else settings.mps_dir)
 
 
 def node_labels(gpus: tuple[Gpu, ...]) -> dict[str, str | None]:
@@ -121,6 +129,7 @@ class DevicePluginApp:
         self._publish = asyncio.Event()
         self._published: tuple[str, dict[str, str | None]] | None = None
         self._target_messages: list[str] = []
+        self._layout_warned: set[tuple[str, ...]] = set()
         self._metrics_server: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self.failure: str | None = None  # set when a background task died: /healthz red, exit non-zero
@@ -128,6 +137,12 @@ class DevicePluginApp:
         self._beat = time.monotonic()
         self._metrics_snapshot = NodeInventory(settings.node_name, ())
         self._dcgm_uses: dict[str, SliceUse] = {}
+        self.cdi_missing: dict[str, str] = {}  # owner uuid -> why its CDI name cannot be resolved
+        self._podres_held: frozenset[str] = frozenset()  # without the API: what PodResources shows held
+        self._recent: dict[str, float] = {}  # without the API: ids allocated lately -> when
+        self._reported_unhealthy: set[str] = set()  # owners a GpuUnhealthy event was sent for
+        self._health_synced = False
+        self.budget: BudgetWatch | None = None
 
     # ---------------------------------------------------------------- start-up
 
@@ -176,16 +191,13 @@ class DevicePluginApp:
         s = self.settings
         self._loop = asyncio.get_running_loop()
         if s.device_injection == "cdi" and s.backend == "nvml":
-            spec = await asyncio.to_thread(check_cdi_spec, s.cdi_vendor, s.cdi_class, s.cdi_spec_dirs)
+            spec = await asyncio.to_thread(cdi.check_cdi_spec, s.cdi_vendor, s.cdi_class, s.cdi_spec_dirs)
             log.info("CDI names %s/%s=<uuid> are defined by %s", s.cdi_vendor, s.cdi_class, spec)
         if self.backend is None:
             self.backend = await asyncio.to_thread(make_backend, s)
         backend = self.backend
         self.book = self._connect_kube()
-        numa_nodes = _numa_nodes(backend) if s.numa_topology else None
-        if numa_nodes is not None:
-            check_numa_layout(numa_nodes)
-        state = PluginState(s.node_name, book=self.book, numa=s.numa_topology, numa_nodes=numa_nodes)
+        state = PluginState(s.node_name, book=self.book)
         self.state = state
         # Before discovery, so each daemon gets its cap before its GPU first turns healthy.
         self.mps_limits = MpsLimitKeeper(getattr(backend, "mps", None), state.inventory, lambda: self.book,
@@ -195,6 +207,7 @@ class DevicePluginApp:
             await self._sync_kube(stop)
         await self._read_admitted()
         await self._discover(reconcile=True, quiet=True)
+        await self._check_cdi()
         await self._check_coexistence()
         state.listeners.append(self._on_state_change)
         self._refresh_metrics_snapshot()
@@ -208,13 +221,14 @@ class DevicePluginApp:
                             mps_root=s.mps_dir, mps_memory_only=s.mps_memory_limit_only)
         servicer = DevicePluginServicer(state, injector, metrics=self.metrics, on_allocate=self._on_allocate,
                                         preferred_wait_s=s.preferred_wait_s,
+                                        preferred_wait_empty_s=s.preferred_wait_empty_s,
                                         before_answer=self.mps_limits.before_allocate)
         self.servicer = servicer
         self.registrar = Registrar(
             s.plugin_dir, s.endpoint, s.resource_name,
             lambda server: pb_grpc.add_DevicePluginServicer_to_server(servicer, server),
             kubelet_socket=s.kubelet_socket.name, poll_s=s.dir_poll_s, register_timeout_s=s.register_timeout_s,
-            on_registered=self._on_registered, streams=servicer.streams)
+            on_registered=self._on_registered, streams=servicer.streams, missing_warn_s=s.kubelet_warn_s)
         if self.kube is not None and self.book is not None:
             self.stamper = Stamper(self.book, self.podres, s.resource_name,
                                    write=self.kube.client.patch_pod_annotations, event=self._pod_event,
@@ -226,6 +240,12 @@ class DevicePluginApp:
             self._supervise(self._publisher(stop), "inventory-publisher")
         self._supervise(self.registrar.run(stop), "registrar")
         self._supervise(self._rediscover(stop), "rediscover")
+        if any(g.mode == "mps" for g in state.gpus) or s.config.modes.default == "mps":
+            evict = self.kube.client.evict_pod if (s.budget_evict and self.kube is not None) else None
+            self.budget = BudgetWatch(backend, state.inventory, lambda: self.book, interval_s=s.budget_s,
+                                      proc_root=s.proc_root, event=self._pod_event, evict=evict,
+                                      registry=self.registry)
+            self._supervise(self.budget.run(stop), "budget-watch")
 
     def _connect_kube(self) -> AssignmentBook | None:
         s = self.settings
@@ -270,19 +290,59 @@ class DevicePluginApp:
                  self.settings.node_name)
 
     async def _read_admitted(self) -> None:
-        """What kubelet already gave (a plugin restart with running pods): those ids are not pending."""
-        if self.book is None or not self.settings.pod_resources_socket.exists():
+        """What kubelet already gave (a plugin restart with running pods): those ids are not pending.
+        Without the Kubernetes API this is the only view of what is held, read again at every
+        reconcile, so GPUs in use are never reconfigured."""
+        if not self.settings.pod_resources_socket.exists():
+            if self.book is None:
+                log.warning("PodResources socket %s absent: without the Kubernetes API the plugin cannot tell "
+                            "which slices pods hold, so no GPU is reconfigured until it can",
+                            self.settings.pod_resources_socket)
+                self._podres_held = frozenset({"*"})
             return
         try:
             resp = await self.podres.list_pods()
         except Exception as exc:  # grpc errors: kubelet may not be up yet
-            log.info("PodResources not readable at start-up (%s); stamps will catch up", exc)
+            log.info("PodResources not readable (%s); %s", exc,
+                     "stamps will catch up" if self.book is not None else "no GPU is reconfigured until it is")
+            if self.book is None:
+                self._podres_held = frozenset({"*"})
             return
-        self.book.set_admitted(admitted_ids(resp, self.settings.resource_name), time.monotonic())
+        admitted = admitted_ids(resp, self.settings.resource_name)
+        if self.book is not None:
+            self.book.set_admitted(admitted, time.monotonic())
+        else:
+            self._podres_held = frozenset(sid for ids_ in admitted.values() for sid in ids_)
 
     def _allocated(self) -> frozenset[str]:
-        """Ids in use or promised: admitted, stamped, locally allocated, or pending assignments."""
-        return self.book.held() if self.book is not None else frozenset()
+        """Ids in use or promised: admitted, stamped, locally allocated, or pending assignments.
+
+        Without the API: what PodResources showed at the last read plus ids allocated in the last
+        minute (kubelet lists a pod only after admitting it); when PodResources could not be read,
+        every id counts as held."""
+        if self.book is not None:
+            return self.book.held()
+        if "*" in self._podres_held and self.state is not None:
+            return frozenset(sid for g in self.state.gpus for sid in g.slice_ids())
+        now = time.monotonic()
+        self._recent = {sid: t for sid, t in self._recent.items() if now - t < 60.0}
+        return self._podres_held | frozenset(self._recent)
+
+    async def _check_cdi(self) -> None:
+        """Advertised GPUs and MIG instances whose CDI name the node's spec lacks turn Unhealthy."""
+        s, state = self.settings, self.state
+        if not s.validate_cdi or state is None:
+            return
+        specs = await asyncio.to_thread(cdi.read_specs, s.cdi_vendor, s.cdi_class, s.cdi_spec_dirs)
+        missing = cdi.missing(state.gpus, specs)
+        if missing == self.cdi_missing:
+            return
+        for owner in sorted(set(missing) - set(self.cdi_missing)):
+            log.error("%s", missing[owner])
+        for owner in sorted(set(self.cdi_missing) - set(missing)):
+            log.info("CDI device %s/%s=%s is defined now", s.cdi_vendor, s.cdi_class, owner)
+        self.cdi_missing = missing
+        self._sync_health()
 
     async def _discover(self, *, reconcile: bool = False, quiet: bool = False) -> None:
         """Discover GPUs (and with ``reconcile``, bring them to the config's targets where idle)."""
@@ -304,14 +364,26 @@ class DevicePluginApp:
                 state.set_changing(())
             if messages != self._target_messages:
                 for line in messages:
-                    log.info("layout: %s", line)
+                    log.warning("layout: %s", line)
                 self._target_messages = messages
         gpus = await asyncio.to_thread(backend.discover)
         if state.set_gpus(gpus):
             log.info("GPU layout: %s", ", ".join(f"{g.index}:{g.product}:{g.mode}(S={g.slices})" for g in state.gpus))
+            if not quiet:
+                await self._check_cdi()
+        self._warn_layouts(state.gpus)
         self._sync_health(quiet=quiet)
         if self.mps_limits is not None:  # every rediscovery: a pod that left lowers its GPU's cap
             self.mps_limits.refresh()
+
+    def _warn_layouts(self, gpus: tuple[Gpu, ...]) -> None:
+        """One warning per GPU and layout that differs from the config's static MIG layout."""
+        from deviceplugin.layouts import layout_differences
+
+        for key, message in layout_differences(self.settings.config, gpus):
+            if key not in self._layout_warned:
+                self._layout_warned.add(key)
+                log.warning("%s", message)
 
     async def _apply_targets(self, gpus: tuple[Gpu, ...], targets: dict[str, GpuTarget]) -> list[str]:
         """Change idle GPUs to their targets without racing Allocate.
@@ -477,9 +549,13 @@ class DevicePluginApp:
         self._sync_health(event)
 
     def _sync_health(self, event: HealthEvent | None = None, *, quiet: bool = False) -> None:
-        """Take the backend's full unhealthy map (events may arrive out of order) and report changes.
+        """Take the backend's full unhealthy map (events may arrive out of order) plus the CDI check's,
+        and report changes.
 
-        ``quiet`` (start-up) records the state without events: only transitions are reported.
+        Events: ``GpuUnhealthy`` when an owner turns unhealthy, and at the first sync for owners
+        already faulty then; an MPS GPU whose daemon has not answered yet in this process is not
+        "failed" (the daemon may simply not be adopted yet). ``GpuRecovered`` only for an owner a
+        ``GpuUnhealthy`` was sent for, so a clean start reports nothing. ``quiet`` records without events.
         """
         state, backend = self.state, self.backend
         if state is None or backend is None:
@@ -488,16 +564,31 @@ class DevicePluginApp:
         now = dict(backend.unhealthy())
         if event is not None and not event.healthy:
             now.setdefault(event.instance_uuid or event.gpu_uuid, event.reason)
+        for owner, why in self.cdi_missing.items():
+            now.setdefault(owner, why)
         state.set_unhealthy(now)
+        supervisor = getattr(backend, "mps", None)
         for gpu in state.gpus:
             if gpu.mode == "mps":
                 self.metrics.set_mps_up(gpu.uuid, gpu.uuid not in now)
+                if supervisor is not None:
+                    for how, counts in (("adopted", supervisor.adopted), ("started", supervisor.started)):
+                        self.metrics.mps_daemon_takeovers.labels(gpu_uuid=gpu.uuid, how=how).set(
+                            counts.get(gpu.uuid, 0))
         if quiet:
             return
-        for owner in sorted(set(now) - set(before)):
+        first = not self._health_synced
+        self._health_synced = True
+        # Not a failure: an MPS GPU whose daemon has never answered this process, for that reason alone.
+        never_up = set() if supervisor is None else {
+            u for u, seen in supervisor.ever_up().items() if not seen and now.get(u) == supervisor.reason(u)}
+        new = set(now) - (set() if first else set(before))
+        for owner in sorted(new - never_up - self._reported_unhealthy):
+            self._reported_unhealthy.add(owner)
             self._spawn(self._node_event("GpuUnhealthy", f"{owner} is unhealthy: {now[owner]}; its slices are "
                                                          f"advertised Unhealthy", "Warning"))
-        for owner in sorted(set(before) - set(now)):
+        for owner in sorted(self._reported_unhealthy - set(now)):
+            self._reported_unhealthy.discard(owner)
             self._spawn(self._node_event("GpuRecovered", f"{owner} is healthy again", "Normal"))
 
     def _on_state_change(self, kind: str) -> None:
@@ -505,6 +596,9 @@ class DevicePluginApp:
             self._publish.set()
 
     def _on_allocate(self, placement: Placement, match: Candidate | None) -> None:
+        if self.book is None:
+            now = time.monotonic()
+            self._recent.update(dict.fromkeys(placement.slice_ids, now))
         if match is None and self.book is not None and self.book.pending():
             self.metrics.allocation_mismatch("allocate")
         if self.stamper is not None:
@@ -631,6 +725,9 @@ class DevicePluginApp:
                 if reconcile:
                     next_reconcile = loop.time() + self.settings.reconcile_s
                     await self._check_coexistence()
+                    await self._check_cdi()
+                    if self.book is None:
+                        await self._read_admitted()
             except GpuSliceError as exc:
                 log.error("rediscovery failed: %s", exc)
 
@@ -703,33 +800,3 @@ def _would_change(backend: Backend, gpu: Gpu, target: GpuTarget) -> bool:
     if target.mode == "mig":
         return gpu.mode != "mig" or target.mig_layout is not None
     return (gpu.mode, gpu.slices) != (target.mode, target.slices)
-
-
-def check_numa_layout(numa_nodes: Mapping[str, int]) -> None:
-    """Refuse ``--numa-topology`` where kubelet could combine ids of two GPUs on one NUMA node.
-
-    Under a topology-manager policy other than ``none``, kubelet (manager.go devicesToAllocate,
-    filterByAffinity) asks GetPreferredAllocation only among the ids of the hinted NUMA node and tops
-    up from them at random; with two GPUs on that node it can pick ids of both, which form no
-    placement, and Allocate's refusal fails the pod's admission (UnexpectedAdmissionError).
-    """
-    by_node: dict[int, list[str]] = {}
-    for uuid, node in numa_nodes.items():
-        by_node.setdefault(node, []).append(uuid)
-    shared = {n: sorted(u) for n, u in by_node.items() if len(u) > 1}
-    if shared:
-        detail = "; ".join(f"NUMA node {n}: {', '.join(u)}" for n, u in sorted(shared.items()))
-        raise SettingsError(
-            "numa_topology", f"refused: several GPUs share a NUMA node ({detail}). Under a topology-manager "
-            f"policy kubelet would then hand one pod ids of two GPUs, which Allocate must refuse, failing the "
-            f"pod's admission. Run without --numa-topology (the default)")
-
-
-def _numa_nodes(backend: Backend) -> Mapping[str, int]:
-    """GPU uuid -> NUMA node, when the backend can tell (``numa_nodes()``); otherwise none."""
-    fn = getattr(backend, "numa_nodes", None)
-    if fn is None:
-        log.warning("--numa-topology: backend %s reports no NUMA nodes; devices carry no topology", backend.name)
-        return {}
-    result: Mapping[str, int] = fn()
-    return result

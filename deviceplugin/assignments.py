@@ -26,6 +26,7 @@ from gpuslice.catalogue import product
 from gpuslice.errors import DeviceIdError, GpuSliceError
 from gpuslice.model import Gpu, MigInstance, NodeInventory
 from gpuslice.placement import Placement
+from gpuslice.rules import mps_share_mib
 
 log = logging.getLogger(__name__)
 
@@ -403,7 +404,7 @@ def check_placement(inventory: NodeInventory, slice_ids: Iterable[str]) -> Place
         order = {s: n for n, s in enumerate(first.slice_ids())}
         sids = tuple(sorted(wanted, key=order.__getitem__))
         return Placement(inventory.node, "mps", (first.uuid,), None, sids,
-                         (first.memory_mib * len(sids)) // first.slices)
+                         mps_share_mib(first.memory_mib, len(sids), first.slices))
     for gpu in sorted(gpus.values(), key=lambda g: g.index):
         missing = [s for s in gpu.slice_ids() if s not in wanted]
         if missing:

@@ -34,6 +34,16 @@ class HealthEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A compute process on a GPU (host PID): an MPS client or not, and the memory it uses (MiB;
+    ``None`` where the driver cannot tell)."""
+
+    pid: int
+    used_mib: int | None
+    mps_client: bool
+
+
+@dataclass(frozen=True, slots=True)
 class GpuTarget:
     """What the node config asks of one GPU.
 
@@ -81,6 +91,10 @@ class Backend(Protocol):
         """Owners (GPU or MIG UUIDs) that are unhealthy now, with the reason; their ids are Unhealthy."""
         ...
 
+    def gpu_processes(self, gpu_uuid: str) -> tuple[GpuProcess, ...]:
+        """The compute processes on one GPU now (the budget watch reads it from a worker thread)."""
+        ...
+
     def close(self) -> None:
-        """Stop watching, stop any MPS daemons this backend started, release NVML."""
+        """Stop watching, release NVML. MPS daemons are left running unless this process owns them."""
         ...

@@ -14,7 +14,7 @@ import signal
 from typing import Any
 
 from deviceplugin.errors import DevicePluginError, SettingsError
-from deviceplugin.settings import BACKENDS, INJECTIONS, build
+from deviceplugin.settings import BACKENDS, INJECTIONS, MPS_DAEMONS, build
 from gpuslice.errors import GpuSliceError
 
 log = logging.getLogger("deviceplugin")
@@ -44,12 +44,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cdi-spec-dir", dest="cdi_spec_dirs", action="append",
                         help="where CDI specs are looked for at start-up (repeatable; default /etc/cdi and "
                              "/var/run/cdi)")
-    parser.add_argument("--numa-topology", dest="numa_topology", action="store_const", const=True, default=None,
-                        help="advertise each GPU's NUMA node (off by default). Refused when two GPUs share a NUMA "
-                             "node. Even with one GPU per node, under a topology-manager policy kubelet asks for "
-                             "and tops up ids only from the hinted node, so it can override the extender's GPU "
-                             "(counted as a mismatch) and, on a MIG GPU whose free ids span instances, hand ids "
-                             "that Allocate refuses (the pod fails admission)")
     parser.add_argument("--taint-on-conflict", dest="conflict_taint", action="store_const", const=True,
                         default=None,
                         help="taint the node example.com/gpu-slice-conflict:NoSchedule while another resource "
@@ -57,17 +51,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "metric say so either way)")
     parser.add_argument("--preferred-wait-seconds", dest="preferred_wait_s", type=float,
                         help="how long GetPreferredAllocation waits for the pod cache when no assignment of the "
-                             "asked size matches, before a best fit (default 2; 0 = never; a pod of another "
+                             "asked size matches, before a best fit (default 5; 0 = never; a pod of another "
                              "scheduler pays it once per container at admission)")
+    parser.add_argument("--preferred-wait-empty-seconds", dest="preferred_wait_empty_s", type=float,
+                        help="how long it waits in all when no valid best fit is left either (default 30): an "
+                             "empty answer lets kubelet pick ids itself, which on a MIG GPU fail admission")
     parser.add_argument("--metrics-port", dest="metrics_port", type=int,
                         help="port for /metrics (0 = off; default 9402)")
     parser.add_argument("--metrics-address", dest="metrics_address", help="address for /metrics (default 0.0.0.0)")
     parser.add_argument("--mps-root", dest="mps_root",
-                        help="host directory of the MPS daemons' pipes and shm. Each mps GPU's daemon caps every "
-                             "client at the share of the largest pod on that GPU (set before Allocate answers; "
-                             "1 slice when idle): exact when the GPU's pods are one size; with mixed sizes a "
-                             "smaller pod is held to its own share only by its CUDA_MPS_* env, which it can "
-                             "override up to that cap")
+                        help="host directory of the MPS daemons' pipes, markers and shm, shared with the "
+                             "gpu-slice-mps DaemonSet (default /run/gpu-slice/mps). Each mps GPU's daemon caps "
+                             "every client at the share of the largest pod on that GPU (set before Allocate "
+                             "answers; 1 slice when idle): exact when the GPU's pods are one size; with mixed "
+                             "sizes a smaller pod's clients may use up to that largest share (README)")
+    parser.add_argument("--mps-daemons", dest="mps_daemons", choices=MPS_DAEMONS,
+                        help="who runs the MPS control daemons: 'external', the gpu-slice-mps DaemonSet "
+                             "(gpu-slice mps-daemon; the plugin adopts them and they outlive it; default with "
+                             "--backend nvml), or 'plugin', this process (default with --backend simulated: a "
+                             "node without that DaemonSet; its daemons end with its container)")
+    parser.add_argument("--cdi-validate", dest="cdi_validate", action=argparse.BooleanOptionalAction, default=None,
+                        help="check every advertised GPU and MIG instance against the CDI spec's device names; "
+                             "one the spec lacks is advertised Unhealthy, with the reason (default: on with "
+                             "--backend nvml and CDI injection)")
+    parser.add_argument("--budget-seconds", dest="budget_s", type=float,
+                        help="how often the budget watch reads each MPS GPU's processes (default 10)")
+    parser.add_argument("--evict-over-budget", dest="budget_evict", action="store_const", const=True, default=None,
+                        help="evict (Eviction API) a pod whose MPS clients use more than its share, or that runs a "
+                             "process outside MPS on an MPS GPU; without it such pods are reported only (event, "
+                             "metric, log). Needs the RBAC of manifests/components/budget-eviction")
+    parser.add_argument("--proc-root", dest="proc_root",
+                        help="where host processes are read (PID -> pod through cgroups; default /proc: the "
+                             "DaemonSet runs in the host's PID namespace)")
     parser.add_argument("--read-only", dest="read_only", action="store_const", const=True, default=None,
                         help="nvml backend: never change modes or MIG layouts, only report")
     parser.add_argument("--log-level", dest="log_level", default="INFO", help="logging level (default INFO)")

@@ -88,13 +88,13 @@ def parse_utilization(raw: str | float | int | None) -> float:
     return value
 
 
-def simulated_gi_id(gpu: Gpu, inst: MigInstance) -> int:
+def simulated_gi_id(product: str, inst: MigInstance) -> int:
     """A GPU-instance id by NVML's fixed-placement convention: larger instances get smaller ids.
 
     With M memory slices: the full-size instance is 0, then M/4-size... e.g. on 8 slices size 4 -> 1-2,
     size 2 -> 3-6, size 1 -> 7-13 (start order). Simulated only; real ids come from NVML.
     """
-    prod = PRODUCTS[gpu.product]
+    prod = PRODUCTS[product]
     size = prod.profile(inst.profile).memory_slices
     total = prod.memory_slices
     base, span = 0, total
@@ -208,7 +208,8 @@ class DcgmCollector(Collector):
                   "modelName": model_name(gpu, self.options.replace_blanks_in_model_name)}
         if inst is not None:
             labels["GPU_I_PROFILE"] = inst.profile
-            labels["GPU_I_ID"] = str(simulated_gi_id(gpu, inst))
+            # The inventory's id when the backend gave one (the extender matches on it), else NVML's convention.
+            labels["GPU_I_ID"] = str(inst.gi if inst.gi is not None else simulated_gi_id(gpu.product, inst))
         labels[self.options.hostname_label] = self.options.hostname
         if self.options.driver_version is not None:
             labels["DCGM_FI_DRIVER_VERSION"] = self.options.driver_version

@@ -44,9 +44,27 @@ def load_api_client(kubeconfig: Path | None, *, timeout_s: float) -> Any:
 
 
 def _wrap(what: str, exc: Exception) -> KubeApiError:
+    """One line for a failed call: the status, its reason, and the API server's own message (an
+    admission policy's refusal says why only there: ``422 Unprocessable Entity`` alone says nothing)."""
     status = getattr(exc, "status", None)
     reason = getattr(exc, "reason", None) or str(exc)
-    return KubeApiError(f"{what}: {status} {reason}" if status else f"{what}: {reason}")
+    message = _status_message(getattr(exc, "body", None))
+    tail = f": {message}" if message else ""
+    return KubeApiError(f"{what}: {status} {reason}{tail}" if status else f"{what}: {reason}{tail}")
+
+
+def _status_message(body: Any) -> str:
+    """The ``message`` of a ``metav1.Status`` body (bytes or text), cut to a readable length."""
+    if isinstance(body, bytes):
+        body = body.decode(errors="replace")
+    if not isinstance(body, str) or not body:
+        return ""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return body.strip()[:500]
+    message = doc.get("message") if isinstance(doc, dict) else None
+    return str(message)[:1000] if message else ""
 
 
 class KubeClient:
@@ -118,6 +136,18 @@ class KubeClient:
         self._json(f"taint node {self.node_name}", self.core.patch_node, self.node_name, body,
                    _content_type=MERGE_PATCH)
         return True
+
+    def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Evict through the Eviction API (PodDisruptionBudgets hold), for this pod UID only."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace},
+                "deleteOptions": {"preconditions": {"uid": uid}}}
+        try:
+            resp: Any = self.core.create_namespaced_pod_eviction(
+                name, namespace, body, _preload_content=False,  # type: ignore[arg-type]
+                _request_timeout=self.timeout_s)
+            resp.release_conn()
+        except Exception as exc:  # ApiException (429: a PDB forbids it now), urllib3 errors
+            raise _wrap(f"evict pod {namespace}/{name}", exc) from exc
 
     def create_event(self, *, kind: str, name: str, namespace: str, uid: str, reason: str, message: str,
                      type_: str = "Normal") -> Obj:

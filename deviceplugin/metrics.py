@@ -86,6 +86,10 @@ class PluginMetrics:
         self.mps_daemon_up = Gauge(
             "gpu_slice_mps_daemon_up", "1 while this GPU's MPS control daemon answers.", ["gpu_uuid"],
             registry=registry)
+        self.mps_daemon_takeovers = Gauge(
+            "gpu_slice_mps_daemon_takeovers",
+            "MPS control daemons this plugin process took over running (adopted) or started itself (started: "
+            "only with --mps-daemons plugin), per GPU.", ["gpu_uuid", "how"], registry=registry)
         self.coexistence_conflicts = Gauge(
             "gpu_slice_plugin_coexistence_conflicts",
             "1 while another resource advertises this GPU and pods hold its slices (kept advertised).",

@@ -1,69 +1,63 @@
-"""MPS: one control daemon per ``mps`` GPU, supervised, with per-client limits set *in the daemon*.
+"""MPS on one node: paths, per-client limits, client settings and one GPU's control daemon.
 
-**MPS is a packing boundary, not a security boundary.** Clients of one MPS server share one GPU
-address space manager and one UID, a fault in one client can take down the others on that GPU, and
-any process that reaches the pipe directory can talk to the daemon (and so change its limits). The
-limits below keep pods to their share so the packer's arithmetic holds; they do not contain a
-hostile pod. Use MIG (or whole GPUs) where isolation matters.
+**MPS is a packing boundary, not a security boundary.** Clients of one MPS server share one UID,
+a fault in one client can take down the others on that GPU, and a process that reaches the pipe
+directory can talk to the daemon. The limits below keep pods to their share so the packer's
+arithmetic holds; they do not contain a hostile pod. Use MIG (or whole GPUs) where isolation
+matters.
 
-**Where the limits live.** A pod's own env comes after the plugin's in its container (kubelet appends
-it), so ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``/``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` handed out by
-Allocate are advice a pod can override. The enforced cap is the daemon's: NVIDIA's MPS docs say a
-client's env "will only further constrain" the limit the control daemon sets, and the daemon's limits
-are per client. The daemon has two kinds of setting (same docs, control commands):
+**Whose daemon.** The control daemons belong to the ``gpu-slice-mps`` DaemonSet
+(``gpu-slice mps-daemon``, :mod:`deviceplugin.mps_keeper`), not to the plugin: a container's
+processes end with it, so a daemon started in the plugin's container would take every MPS
+workload of the node down with each roll of the plugin. The plugin *asks* for a daemon by writing
+a marker (``<root>/<GPU-uuid>/wanted``, JSON with the cap to start with), then adopts whatever
+daemon answers on that GPU's pipe, sets its limits and reads its health
+(:class:`deviceplugin.mps_supervisor.MpsSupervisor`). Nothing ever ``quit``s a daemon that still
+has clients: a daemon told ``quit`` accepts no new clients and cannot be restarted until the old
+ones exit.
+
+**Where the limits live.** A pod's own env comes after the plugin's in its container, so
+``CUDA_MPS_*`` env handed out by Allocate is advice a pod can override (and the shipped admission
+policy refuses slice pods that set ``CUDA_MPS_*`` themselves). The enforced cap is the daemon's:
+NVIDIA's MPS docs say a client's env "will only further constrain" the limit the control daemon
+sets, and the daemon's limits are per client. The daemon has two kinds of setting:
 
 * ``set_default_active_thread_percentage <pct>`` and ``set_default_device_pinned_mem_limit <dev>
-  <value>``: for servers spawned later ("if there is already a server spawned, this command will only
-  affect the next server");
+  <value>``: for servers spawned later;
 * ``set_active_thread_percentage <PID> <pct>`` and ``set_device_pinned_mem_limit <PID> <dev> <value>``:
-  one running server (PIDs from ``get_server_list``), for clients created afterwards ("existing
-  clients are not affected").
+  one running server (PIDs from ``get_server_list``), for clients created afterwards.
 
-The MPS server serves one UID, so every slice pod on a GPU is a client of one server and the daemon
-can enforce one per-client cap per GPU. ``MpsSupervisor.set_limits`` takes that cap (``MpsLimits``:
-the share of the *largest* pod on the GPU, see ``deviceplugin.mps_limits``) and the supervisor
-thread sends both kinds of command, so servers running now and spawned later agree. Raising happens
-before Allocate answers the larger pod (its client connects later, so it gets the raised cap);
-lowering when that pod is gone affects only clients that connect afterwards. When all pods on a GPU
-are one size (replicas of one Deployment) the cap is each pod's exact share. With mixed sizes it is
-the largest share: a smaller pod is held to its own share only by its env (which it can override),
-and the daemon still stops any client going past the largest share.
+The MPS server serves one UID, so every slice pod on a GPU is a client of one server and the
+daemon enforces one per-client cap per GPU (see :mod:`deviceplugin.mps_limits` for which cap).
 
 The front end (``nvidia-cuda-mps-control`` reading stdin) exits 0 even when it rejects a command and
 prints the error on stdout (man page), so every answer is checked: a set command must answer nothing
-(memory) or the percentage it set. A command that fails is logged, counted (``observe_limits``) and
-retried with backoff; it never changes health: a GPU's slices are Healthy only while its daemon
-answers ``get_default_active_thread_percentage``. That probe also compares the default percentage
-with what was applied and applies the limits again when someone changed it.
+(memory) or the percentage it set.
 
 Layout under the configurable root (host side), one directory per GPU so daemons never share pipes::
 
-    <root>/<GPU-uuid>/pipe   CUDA_MPS_PIPE_DIRECTORY of that GPU's daemon (mounted into clients)
-    <root>/<GPU-uuid>/log    CUDA_MPS_LOG_DIRECTORY (control.log, server.log)
-    <root>/shm               the /dev/shm shared by the daemon's servers and their clients
+    <root>/<GPU-uuid>/pipe     CUDA_MPS_PIPE_DIRECTORY of that GPU's daemon (mounted into clients)
+    <root>/<GPU-uuid>/log      CUDA_MPS_LOG_DIRECTORY (control.log, server.log)
+    <root>/<GPU-uuid>/wanted   the plugin's request for a daemon on this GPU, with its start cap
+    <root>/shm                 one bounded tmpfs: /dev/shm of the daemons, their servers and clients
 
 The daemon is started as ``<control> -d`` with ``CUDA_VISIBLE_DEVICES=<GPU-uuid>`` (so its one GPU is
-device 0 in its commands), told ``set_default_active_thread_percentage 100``, then given the wanted
-limits before its GPU turns Healthy. A daemon that stops answering is told ``quit`` and started
-again, with exponential backoff between failed starts. No lock is held while a command runs: the
-event loop's health reads and ``set_limits`` never wait for a daemon. In simulated mode the same
-supervisor drives ``mps_standin.py`` (see ``standin_command``).
+device 0 in its commands). In simulated mode the same code drives ``mps_standin.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from deviceplugin.backend import HealthEvent
 from deviceplugin.errors import MpsError
 from gpuslice.model import Gpu
 from gpuslice.rules import mps_share_mib
@@ -282,267 +276,86 @@ class MpsDaemon:
         if answer:
             raise MpsError(f"GPU {self.gpu_uuid}: MPS daemon did not take {line!r}: {answer!r}")
 
-    def stop(self) -> None:
-        """``quit``; a daemon that is already gone is not an error."""
+    def clients(self) -> list[int]:
+        """PIDs of the clients connected to any of its servers (``get_client_list`` per server).
+
+        Raises ``MpsError`` when the daemon does not answer: then nobody knows, and a caller that
+        would quit it must not."""
+        pids: list[int] = []
+        for server in self.server_pids():
+            answer = self.command(f"get_client_list {server}")
+            words = answer.split()
+            if not all(w.isdigit() for w in words):
+                raise MpsError(f"GPU {self.gpu_uuid}: MPS daemon answered get_client_list {server} with {answer!r}")
+            pids += [int(w) for w in words]
+        return pids
+
+    def quit_if_idle(self) -> tuple[bool, str]:
+        """``quit`` only when no client is connected; (quit, why not). A daemon that does not answer
+        is left alone (its clients, if any, cannot be counted)."""
+        try:
+            clients = self.clients()
+        except MpsError as exc:
+            return False, f"not answering ({exc})"
+        if clients:
+            return False, f"{len(clients)} client(s) connected (pids {', '.join(map(str, clients[:5]))})"
         try:
             self.command("quit")
         except MpsError as exc:
-            log.info("MPS daemon of %s did not take quit: %s", self.gpu_uuid, exc)
+            return False, f"did not take quit: {exc}"
+        return True, ""
 
 
-@dataclass(slots=True)
-class _State:
-    daemon: MpsDaemon
-    up: bool | None = None
-    reason: str = "MPS daemon not started yet"
-    next_attempt: float = 0.0
-    backoff: float = 0.0
-    last_probe: float = 0.0
-    want: MpsLimits | None = None  # the cap the app wants (set_limits)
-    applied: MpsLimits | None = None  # the cap this daemon instance took; None after a (re)start
-    limits_next: float = 0.0
-    limits_backoff: float = 0.0
-    limits_error: str = ""
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """The plugin's request for a daemon on one GPU: the cap a freshly started daemon applies."""
+
+    gpu_uuid: str
+    limits: MpsLimits | None
 
 
-LimitsObserver = Callable[[str, "MpsLimits | None", str], None]
-"""Called after every attempt to set a GPU's limits: (GPU uuid, limits now applied or ``None`` when
-the attempt failed, the error or "")."""
+def wanted_path(root: str | os.PathLike[str], gpu_uuid: str) -> Path:
+    return Path(root) / gpu_uuid / "wanted"
 
 
-class MpsSupervisor:
-    """Keeps one daemon per ``mps`` GPU running and reports each daemon's liveness as health.
+def write_wanted(root: str | os.PathLike[str], gpu_uuid: str, limits: MpsLimits | None) -> None:
+    """Ask for a daemon on this GPU (atomically: the keeper never reads half a file)."""
+    path = wanted_path(root, gpu_uuid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, object] = {"v": 1, "gpu": gpu_uuid, "limits": None}
+    if limits is not None:
+        doc["limits"] = {"slices": limits.slices, "activeThreadPercentage": limits.active_thread_percentage,
+                         "pinnedMemMiB": limits.pinned_mem_mib}
+    tmp = path.with_name(".wanted.tmp")
+    tmp.write_text(json.dumps(doc, sort_keys=True))
+    os.replace(tmp, path)
 
-    ``check_once`` is one deterministic pass (tests drive it); ``start`` runs it on a thread every
-    ``tick_s``. Rule: a daemon is probed every ``probe_interval_s``; a failed probe marks the GPU
-    unhealthy at once and the next pass restarts the daemon (``quit``, then ``-d``); failed starts back off
-    exponentially from ``backoff_initial_s`` to ``backoff_max_s``; the first answered probe after a
-    start marks the GPU healthy again.
 
-    Limits: ``set_limits`` records the wanted cap per GPU (under a short lock, no I/O) and wakes the
-    thread, which sends the commands (``MpsDaemon.apply_limits``) to a daemon that answers; after a
-    (re)start they are sent before the GPU is marked healthy. A failed attempt is logged, reported to
-    the ``observe_limits`` callback and retried with the same backoff as starts; health does not
-    depend on it. ``wait_limits`` lets Allocate wait (in a worker thread) until a daemon's cap covers
-    a pod. Only the supervisor thread (or ``check_once``'s caller) talks to daemons, so commands to
-    one daemon never interleave.
-    """
+def remove_wanted(root: str | os.PathLike[str], gpu_uuid: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        wanted_path(root, gpu_uuid).unlink()
 
-    def __init__(self, options: MpsOptions, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.options = options
-        self._clock = clock
-        self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
-        self._states: dict[str, _State] = {}
-        self._emit: Callable[[HealthEvent], None] = lambda _event: None
-        self._observe: LimitsObserver = lambda _uuid, _applied, _error: None
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def set_gpus(self, gpu_uuids: Iterable[str]) -> None:
-        """Supervise exactly these GPUs: new ones are started on the next pass, dropped ones quit."""
-        wanted = set(gpu_uuids)
-        with self._lock:
-            gone = [self._states.pop(uuid) for uuid in sorted(set(self._states) - wanted)]
-            for uuid in sorted(wanted - set(self._states)):
-                self._states[uuid] = _State(MpsDaemon(uuid, self.options), backoff=self.options.backoff_initial_s,
-                                            limits_backoff=self.options.backoff_initial_s)
-            self._changed.notify_all()
-        # ``quit`` runs a subprocess: never under the lock that status()/is_up() (the RPC path) take.
-        for st in gone:
-            st.daemon.stop()
-
-    def status(self) -> dict[str, bool]:
-        """GPU UUID -> whether its daemon answered the last probe."""
-        with self._lock:
-            return {uuid: st.up is True for uuid, st in self._states.items()}
-
-    def is_up(self, gpu_uuid: str) -> bool:
-        with self._lock:
-            st = self._states.get(gpu_uuid)
-            return st is not None and st.up is True
-
-    def reason(self, gpu_uuid: str) -> str:
-        with self._lock:
-            st = self._states.get(gpu_uuid)
-            return "not an MPS GPU" if st is None else ("" if st.up else st.reason)
-
-    def observe_limits(self, observer: LimitsObserver) -> None:
-        """Where the outcome of every attempt to set limits goes (metrics); called from the thread."""
-        self._observe = observer
-
-    def set_limits(self, wanted: Mapping[str, MpsLimits]) -> None:
-        """The per-client cap each GPU's daemon should enforce; GPUs not supervised are ignored.
-
-        No I/O and only a short lock: safe on the event loop. A changed cap is tried at once."""
-        changed = False
-        with self._lock:
-            for uuid, limits in wanted.items():
-                st = self._states.get(uuid)
-                if st is None or st.want == limits:
-                    continue
-                st.want = limits
-                st.limits_next = 0.0
-                st.limits_backoff = self.options.backoff_initial_s
-                changed = True
-        if changed:
-            self._wake.set()
-
-    def applied(self, gpu_uuid: str) -> MpsLimits | None:
-        """The cap the GPU's daemon took last (``None``: none yet since its start, or not supervised)."""
-        with self._lock:
-            st = self._states.get(gpu_uuid)
-            return None if st is None else st.applied
-
-    def covers(self, gpu_uuid: str, slices: int) -> bool:
-        """Whether the GPU's daemon answers and caps clients at a share of at least ``slices``."""
-        with self._lock:
-            st = self._states.get(gpu_uuid)
-            return st is not None and st.up is True and st.applied is not None and st.applied.slices >= slices
-
-    def wait_limits(self, gpu_uuid: str, slices: int, timeout_s: float) -> str | None:
-        """Block until ``covers(gpu_uuid, slices)``; ``None`` then, else why not (daemon down, not
-        supervised, or not applied within ``timeout_s``, with the last error). Waits on a condition:
-        no lock is held while the supervisor thread runs commands. Call it from a worker thread."""
-        deadline = time.monotonic() + timeout_s
-        with self._changed:
-            while True:
-                st = self._states.get(gpu_uuid)
-                if st is None:
-                    return f"GPU {gpu_uuid} has no supervised MPS daemon"
-                if st.up is not True:
-                    return f"GPU {gpu_uuid}: MPS daemon not answering ({st.reason})"
-                if st.applied is not None and st.applied.slices >= slices:
-                    return None
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    why = f": {st.limits_error}" if st.limits_error else ""
-                    return (f"GPU {gpu_uuid}: the MPS daemon did not take the per-client limits of a "
-                            f"{slices}-slice share within {timeout_s:g}s{why}")
-                self._changed.wait(left)
-
-    def _apply_limits(self, uuid: str, st: _State, now: float) -> None:
-        """Send the wanted cap if the daemon does not have it yet (supervisor thread only)."""
-        with self._lock:
-            want = st.want
-            if want is None or want == st.applied or now < st.limits_next:
-                return
+def read_wanted(root: str | os.PathLike[str]) -> dict[str, Wanted]:
+    """Every GPU the plugin wants a daemon on; an unreadable marker still counts (without limits)."""
+    out: dict[str, Wanted] = {}
+    base = Path(root)
+    try:
+        entries = sorted(base.iterdir())
+    except OSError:
+        return out
+    for entry in entries:
+        path = entry / "wanted"
+        if not entry.name.startswith("GPU-") or not path.is_file():
+            continue
+        limits = None
         try:
-            st.daemon.apply_limits(want)
-        except MpsError as exc:
-            with self._lock:
-                st.limits_error = str(exc)
-                st.limits_next = now + st.limits_backoff
-                st.limits_backoff = min(st.limits_backoff * 2, self.options.backoff_max_s)
-                self._changed.notify_all()
-            log.warning("GPU %s: the MPS daemon did not take the limits of a %d-slice share (retry in %.1fs): %s",
-                        uuid, want.slices, st.limits_next - now, exc)
-            self._observe(uuid, None, str(exc))
-            return
-        with self._lock:
-            st.applied = want
-            st.limits_error = ""
-            st.limits_next = 0.0
-            st.limits_backoff = self.options.backoff_initial_s
-            self._changed.notify_all()
-        log.info("GPU %s: MPS daemon caps each client at %d%% of threads and %d MiB pinned memory "
-                 "(a %d-slice share)", uuid, want.active_thread_percentage, want.pinned_mem_mib, want.slices)
-        self._observe(uuid, want, "")
+            raw = json.loads(path.read_text()).get("limits")
+            if isinstance(raw, dict):
+                limits = MpsLimits(int(raw["slices"]), int(raw["activeThreadPercentage"]), int(raw["pinnedMemMiB"]))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.warning("MPS marker %s unreadable (%s); starting its daemon without a cap", path, exc)
+        out[entry.name] = Wanted(entry.name, limits)
+    return out
 
-    def check_once(self) -> list[HealthEvent]:
-        """One supervision pass over every GPU; returns (and emits) the health changes it saw."""
-        events: list[HealthEvent] = []
-        with self._lock:
-            states = list(self._states.items())
-        for uuid, st in states:
-            now = self._clock()
-            if st.up:
-                if now - st.last_probe >= self.options.probe_interval_s:
-                    st.last_probe = now
-                    why = st.daemon.probe()
-                    if why is not None:
-                        st.daemon.stop()
-                        st.next_attempt = now  # restarted on the next pass
-                        st.backoff = self.options.backoff_initial_s
-                        self._set(st, uuid, False, f"MPS daemon stopped answering: {why}", events)
-                        continue
-                    self._check_default(uuid, st)
-                self._apply_limits(uuid, st, now)
-                continue
-            if now < st.next_attempt:
-                continue
-            try:
-                st.daemon.start()
-                why = st.daemon.probe()
-            except MpsError as exc:
-                # Maybe a daemon from an earlier plugin run is still there: it counts if it answers.
-                why = st.daemon.probe()
-                if why is not None:
-                    why = str(exc)
-            st.last_probe = self._clock()
-            if why is None:
-                st.backoff = self.options.backoff_initial_s
-                with self._lock:  # a new daemon instance: it has none of our limits yet
-                    st.applied = None
-                    st.limits_next = 0.0
-                self._apply_limits(uuid, st, st.last_probe)  # before the GPU turns healthy
-                self._set(st, uuid, True, "MPS daemon answering", events)
-            else:
-                st.next_attempt = st.last_probe + st.backoff
-                st.backoff = min(st.backoff * 2, self.options.backoff_max_s)
-                self._set(st, uuid, False, f"MPS daemon not answering after start: {why}", events)
-        for event in events:
-            self._emit(event)
-        return events
 
-    def _check_default(self, uuid: str, st: _State) -> None:
-        """The probe read the default percentage: if it is not what we applied, apply again."""
-        with self._lock:
-            applied = st.applied
-            if applied is None or st.daemon.last_percentage is None:
-                return
-            if abs(st.daemon.last_percentage - applied.active_thread_percentage) < 0.05:
-                return
-            st.applied = None
-            st.limits_next = 0.0
-        log.warning("GPU %s: the MPS daemon's default active thread percentage is %g, not the %d applied; "
-                    "applying the limits again", uuid, st.daemon.last_percentage, applied.active_thread_percentage)
-
-    def _set(self, st: _State, uuid: str, up: bool, reason: str, events: list[HealthEvent]) -> None:
-        changed = st.up is not up
-        with self._lock:
-            st.up, st.reason = up, reason
-            if not up:
-                st.applied = None
-            self._changed.notify_all()
-        if changed:
-            log.log(logging.INFO if up else logging.WARNING, "GPU %s: %s", uuid, reason)
-            events.append(HealthEvent(uuid, up, reason))
-
-    def start(self, emit: Callable[[HealthEvent], None]) -> None:
-        """Run ``check_once`` on a daemon thread until ``close``."""
-        self._emit = emit
-        if self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="mps-supervisor", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.clear()  # a set_limits during the pass wakes the next wait at once
-            try:
-                self.check_once()
-            except Exception:  # the supervisor must outlive any one surprise
-                log.exception("MPS supervision pass failed")
-            self._wake.wait(self.options.tick_s)
-
-    def close(self) -> None:
-        """Stop supervising and ``quit`` every daemon."""
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.options.start_timeout_s + self.options.probe_timeout_s * 3)
-            self._thread = None
-        self.set_gpus(())

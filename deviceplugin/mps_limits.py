@@ -8,8 +8,14 @@ promised to a pending assignment; one slice when none does. Consequences, said p
 * all pods on a GPU one size (replicas of one Deployment, the common case): the daemon's cap is
   each pod's exact share, and a pod cannot raise its limits by changing its env;
 * mixed sizes on one GPU: the daemon caps every client at the largest pod's share. A smaller pod is
-  held to its own share by the ``CUDA_MPS_*`` env Allocate gives it, which the client honours but
-  the pod can override (up to the largest share, never past it).
+  held to its own share by the ``CUDA_MPS_*`` env Allocate gives it, which the client honours and
+  which the pod cannot override in its spec's env (the slice-pod admission policy refuses it); a
+  process that rewrites its own environment before CUDA starts reaches the largest share, never
+  more. A pod's processes together are held to its share by the budget watch
+  (``deviceplugin.budget``).
+
+This is the default chosen from figures (``bench/RESULTS.md``, "MPS per-pod caps"): one share size
+per MPS GPU would make the daemon's cap every pod's exact share, at a measured packing cost.
 
 ``refresh`` recomputes the caps from the pod cache (on the event loop, no I/O) and hands them to the
 supervisor, whose thread sends the daemon commands: a larger pod raises the cap early when its
@@ -32,7 +38,8 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from deviceplugin.assignments import AssignmentBook
-from deviceplugin.mps import LimitsMode, MpsLimits, MpsSupervisor, mps_limits
+from deviceplugin.mps import LimitsMode, MpsLimits, mps_limits
+from deviceplugin.mps_supervisor import MpsSupervisor
 from gpuslice import ids
 from gpuslice.errors import DeviceIdError
 from gpuslice.model import NodeInventory

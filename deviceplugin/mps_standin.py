@@ -18,8 +18,12 @@ a server, with a made-up PID, that takes the *default* limits in force at that m
 ``set_default_device_pinned_mem_limit <dev> <value>`` (reach only servers spawned later);
 ``set_active_thread_percentage <pid> <pct>`` and ``set_device_pinned_mem_limit <pid> <dev> <value>``
 (one running server: clients that connect to it afterwards); the matching ``get_*`` commands; ``quit``.
-Memory values are an integer followed by ``M`` or ``G``. ``GPU_SLICE_MPS_STANDIN_REFUSE`` (comma list of
-command prefixes, read by the daemon) makes it reject those commands, for failure tests.
+Memory values are an integer followed by ``M`` or ``G``. Two commands exist only here, to stand for
+what a CUDA client's driver does: ``_client_connect <uid> <pid>`` (a client of that UID connects: to
+the running server of its UID, or a new server with the defaults in force; while a server of
+another UID runs, the client waits, as the real daemon queues it) and ``_client_exit <pid>``.
+``GPU_SLICE_MPS_STANDIN_REFUSE`` (comma list of command prefixes, read by the daemon) makes it reject
+those commands, for failure tests.
 
 So that test runs never leave it behind, the server also exits when its pipe directory disappears or
 after ``GPU_SLICE_MPS_STANDIN_LIFETIME_S`` seconds (if set).
@@ -28,6 +32,7 @@ after ``GPU_SLICE_MPS_STANDIN_LIFETIME_S`` seconds (if set).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import socket
@@ -39,6 +44,9 @@ from pathlib import Path
 
 SOCKET_NAME = "control"
 PID_NAME = "standin.pid"
+LOCK_NAME = "control_lock"
+"""Held (flock) by the running daemon, as the real one holds its lock: ``-d`` refuses while it is held,
+even when the daemon hangs and does not answer."""
 _DEFAULT_PIPE = "/tmp/nvidia-mps"
 _DEFAULT_LOG = "/var/log/nvidia-mps"
 _MEMORY = re.compile(r"^[1-9][0-9]*[MG]$")
@@ -50,6 +58,7 @@ class _Server:
     uid: str
     active_thread_percentage: float
     pinned: dict[str, str]
+    clients: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -98,6 +107,11 @@ def _serve() -> int:
     refuse = tuple(p for p in os.environ.get("GPU_SLICE_MPS_STANDIN_REFUSE", "").split(",") if p)
     state = _Daemon(refuse=refuse)
     os.chdir(pipe)
+    lock = os.open(LOCK_NAME, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 1  # another instance holds it
     with contextlib.suppress(FileNotFoundError):
         os.unlink(SOCKET_NAME)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
@@ -168,6 +182,22 @@ def _answer(line: str, state: _Daemon) -> tuple[str, bool]:
         del state.servers[int(args[0])]
         return "", False
     if cmd == "get_client_list" and server is not None:
+        return "".join(f"{pid}\n" for pid in server.clients), False
+    if cmd == "_client_connect" and len(args) == 2 and args[0].isdigit() and args[1].isdigit():
+        mine = [s for s in state.servers.values() if s.uid == args[0]]
+        if mine:
+            mine[0].clients.append(int(args[1]))
+            return "", False
+        if state.servers:
+            return f"queued: a server of another UID runs ({next(iter(state.servers.values())).uid})\n", False
+        state.servers[state.next_pid] = _Server(args[0], state.active_thread_percentage, dict(state.pinned),
+                                                [int(args[1])])
+        state.next_pid += 1
+        return "", False
+    if cmd == "_client_exit" and len(args) == 1 and args[0].isdigit():
+        for srv in state.servers.values():
+            if int(args[0]) in srv.clients:
+                srv.clients.remove(int(args[0]))
         return "", False
     if cmd == "get_default_active_thread_percentage" and not args:
         return f"{state.active_thread_percentage:.1f}\n", False
@@ -202,11 +232,25 @@ def _answer(line: str, state: _Daemon) -> tuple[str, bool]:
     return f"Error: unrecognized command {line}\n", False
 
 
+def _locked(pipe: Path) -> bool:
+    """Whether a running daemon holds the lock (a hung one too)."""
+    try:
+        fd = os.open(pipe / LOCK_NAME, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock taken here
+    return False
+
+
 def _daemonise() -> int:
     pipe = _pipe_dir()
     pipe.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        _ask(pipe, "get_default_active_thread_percentage", timeout_s=1.0)
+    if _locked(pipe):
         print("An instance of this daemon is already running", file=sys.stderr)
         return 1
     with contextlib.suppress(FileNotFoundError):

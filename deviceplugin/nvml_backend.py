@@ -13,17 +13,28 @@ with a warning; so is a GPU the catalogue does not know. Any other GPU is report
 
 Health: a thread waits on ``nvmlEventSetWait_v2`` for ``nvmlEventTypeXidCriticalError``. The XIDs
 NVIDIA's own plugin treats as application errors (13, 31, 43, 45, 68, 109) are ignored. An XID
-carrying a GPU-instance id marks that MIG instance unhealthy, otherwise the whole GPU; a failed wait
-marks every GPU unhealthy. **Recovery rule**: an owner is healthy again once ``quiet_period_s`` has
-passed without another critical XID on it *and* a probe (UUID and memory info read through its
-handle) succeeds; the rule is checked at every wait timeout. ``mps`` GPUs are additionally healthy
-only while their MPS daemon answers (``deviceplugin.mps``).
+carrying the GPU-instance id of an advertised MIG instance marks that instance unhealthy; one of a
+MIG instance gpu-slice does not advertise (split into compute instances, or made by someone else)
+touches no advertised instance; any other marks the whole GPU; a failed wait marks every GPU.
+**Recovery rule**: an owner is healthy again once ``quiet_period_s`` has passed without another
+critical XID on it *and* a probe (UUID and memory info read through its handle) succeeds, checked
+at every wait timeout, except where the GPU needs a reset: the XIDs in ``RESET_REQUIRED_XIDS``
+(uncontained ECC, fallen off the bus, GSP errors, ...; always GPU-wide, even when tagged with a MIG
+instance), a pending or failed row remapping (``nvmlDeviceGetRemappedRows``) and pending retired
+pages (``nvmlDeviceGetRetiredPagesPendingStatus``), read at start and every ``reset_check_s``. Those
+never recover in this process, as in NVIDIA's plugin: reset the GPU, then restart the plugin.
+``mps`` GPUs are additionally healthy only while their MPS daemon answers
+(``deviceplugin.mps_supervisor``).
 
-Changes (``apply_targets``): only the compute mode (EXCLUSIVE_PROCESS for ``mps`` GPUs, DEFAULT again
-when a GPU this backend switched leaves ``mps``) and the MPS daemons. Switching MIG mode and creating
-or destroying MIG instances are left out: such differences are reported, never acted on. Under
-``read_only=True`` no NVML setter is called and no daemon started; the messages say what would have
-changed. A GPU with any allocated id is never changed; its change waits and the message says so.
+Changes (``apply_targets``): only the compute mode (EXCLUSIVE_PROCESS for ``mps`` GPUs; a GPU leaving
+``mps`` gets back the mode it had before gpu-slice changed it, read from the host record
+``deviceplugin.compute_mode`` so a restarted plugin knows too) and the MPS markers. Switching MIG mode
+and creating or destroying MIG instances are left out: such differences are reported, never acted on.
+Under ``read_only=True`` no NVML setter is called and no marker written; the messages say what would
+have changed. A GPU with any allocated id is never changed; its change waits and the message says so.
+
+Processes (``gpu_processes``, for the budget watch): NVML's running compute processes and MPS
+clients of one GPU, with the memory each uses.
 """
 
 from __future__ import annotations
@@ -33,11 +44,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from deviceplugin.backend import GpuTarget, HealthEvent
+from deviceplugin import compute_mode
+from deviceplugin.backend import GpuProcess, GpuTarget, HealthEvent
 from deviceplugin.errors import DiscoveryError
-from deviceplugin.mps import MAX_MPS_CLIENT_SLICES, MpsSupervisor
+from deviceplugin.mps import MAX_MPS_CLIENT_SLICES
+from deviceplugin.mps_supervisor import MpsSupervisor
 from gpuslice.catalogue import MigProfile, Product, product_for_nvml_name
 from gpuslice.errors import CatalogueError
 from gpuslice.model import Gpu, MigInstance
@@ -46,6 +60,12 @@ log = logging.getLogger(__name__)
 
 APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 """XIDs caused by applications (NVIDIA k8s-device-plugin ignores these too): the GPU stays healthy."""
+RESET_REQUIRED_XIDS: dict[int, str] = {
+    48: "double-bit ECC error", 64: "ECC page retirement or row remapping failure", 74: "NVLink error",
+    79: "GPU has fallen off the bus", 95: "uncontained ECC error", 119: "GSP RPC timeout", 120: "GSP error",
+    140: "unrecovered ECC error"}
+"""XIDs after which the GPU needs a reset (NVIDIA's XID catalogue): never recovered automatically."""
+RESET_HINT = "the GPU needs a reset (nvidia-smi -r, or a reboot), then a restart of the plugin"
 NO_INSTANCE = 0xFFFFFFFF
 _MIB = 1024 * 1024
 DEFAULT_TARGET = GpuTarget("mps", 7)
@@ -61,6 +81,7 @@ class _Fault:
     instance_uuid: str | None
     reason: str
     last_seen: float
+    sticky: bool = False  # needs a reset: never recovered by this process
 
 
 class NvmlBackend:
@@ -78,6 +99,8 @@ class NvmlBackend:
         ignored_xids: Iterable[int] = APPLICATION_XIDS,
         quiet_period_s: float = 600.0,
         event_timeout_ms: int = 5000,
+        reset_check_s: float = 60.0,
+        record_root: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if nvml is None:
@@ -91,6 +114,9 @@ class NvmlBackend:
         self._ignored = frozenset(ignored_xids)
         self.quiet_period_s = quiet_period_s
         self._event_timeout_ms = event_timeout_ms
+        self.reset_check_s = reset_check_s
+        self._next_reset_check = 0.0
+        self._record_root = record_root
         self._clock = clock
         self._lock = threading.RLock()
         self._targets: dict[str, GpuTarget] = {}
@@ -98,7 +124,9 @@ class NvmlBackend:
         self._mig_by_gi: dict[tuple[str, int], str] = {}
         self._parent_of: dict[str, str] = {}
         self._faults: dict[str, _Fault] = {}
-        self._exclusive_set_by_us: set[str] = set()
+        # GPU -> the compute mode it had before gpu-slice set EXCLUSIVE_PROCESS (host record, so a
+        # restarted plugin restores it too)
+        self._before: dict[str, int] = compute_mode.load(record_root)
         self._emit: Callable[[HealthEvent], None] = lambda _event: None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -181,6 +209,9 @@ class NvmlBackend:
         nv = self._nvml
         found: dict[int, list[tuple[str, MigProfile, int | None, int]]] = {}
         split: set[int] = set()
+        with self._lock:  # re-read: instances re-created since the last discovery get new ids
+            for key in [k for k in self._mig_by_gi if k[0] == gpu_uuid]:
+                del self._mig_by_gi[key]
         for mig_index in range(nv.nvmlDeviceGetMaxMigDeviceCount(handle)):
             try:
                 mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, mig_index)
@@ -213,7 +244,8 @@ class NvmlBackend:
             for (gi_id, mig_uuid, profile, _start, memory_mib), start in zip(chosen, starts, strict=True):
                 self._mig_by_gi[(gpu_uuid, gi_id)] = mig_uuid
                 self._parent_of[mig_uuid] = gpu_uuid
-                instances.append(MigInstance(mig_uuid, profile.name, start, profile.compute_slices, memory_mib))
+                instances.append(MigInstance(mig_uuid, profile.name, start, profile.compute_slices, memory_mib,
+                                             gi_id))
         return tuple(sorted(instances, key=lambda i: i.start))
 
     def _attributes(self, mig: Any) -> Any:
@@ -349,8 +381,9 @@ class NvmlBackend:
         nv = self._nvml
         if target.mode == "mps" and compute is not None and compute != nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS:
             changes.append(f"set compute mode EXCLUSIVE_PROCESS (now {self._compute_name(compute)})")
-        if target.mode != "mps" and gpu.uuid in self._exclusive_set_by_us:
-            changes.append("set compute mode DEFAULT (gpu-slice had set EXCLUSIVE_PROCESS)")
+        if target.mode != "mps" and gpu.uuid in self._before:
+            changes.append(f"set compute mode {self._compute_name(self._before[gpu.uuid])} "
+                           "(gpu-slice had set EXCLUSIVE_PROCESS)")
         if target.mode == "mps" and self._mps is None and self.read_only:
             changes.append("start an MPS control daemon")
         return changes
@@ -372,20 +405,28 @@ class NvmlBackend:
         nv = self._nvml
         handle = self._handles[gpu.uuid]
         compute = self._compute_mode(gpu.uuid)
-        problems = []
+        problems: list[str] = []
         try:
             if target.mode == "mps" and compute is not None and compute != nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS:
                 nv.nvmlDeviceSetComputeMode(handle, nv.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
-                self._exclusive_set_by_us.add(gpu.uuid)
-            elif target.mode != "mps" and gpu.uuid in self._exclusive_set_by_us:
-                nv.nvmlDeviceSetComputeMode(handle, nv.NVML_COMPUTEMODE_DEFAULT)
-                self._exclusive_set_by_us.discard(gpu.uuid)
+                self._before.setdefault(gpu.uuid, compute)
+                self._save_record(problems)
+            elif target.mode != "mps" and gpu.uuid in self._before:
+                nv.nvmlDeviceSetComputeMode(handle, self._before[gpu.uuid])
+                del self._before[gpu.uuid]
+                self._save_record(problems)
         except nv.NVMLError as exc:
             problems.append(f"could not set compute mode: {exc}")
         with self._lock:
             self._targets[gpu.uuid] = target
         tail = f" ({'; '.join(problems)})" if problems else ""
         return f"GPU {gpu.uuid}: changed: {what}{tail}"
+
+    def _save_record(self, problems: list[str]) -> None:
+        try:
+            compute_mode.save(self._record_root, self._before)
+        except OSError as exc:
+            problems.append(f"could not record the compute mode under {self._record_root}: {exc}")
 
     # ---- health ----------------------------------------------------------------------------------
 
@@ -414,7 +455,10 @@ class NvmlBackend:
                     log.warning("GPU %s is too old for XID health checks: %s", uuid, exc)
                 else:
                     self._fault(uuid, None, f"XID events could not be registered: {exc}")
+        self.check_reset_needed()
         if self._mps is not None:
+            # Without a config file apply_targets never runs: the mps GPUs discovered now get their daemons.
+            self._mps.set_gpus(g.uuid for g in self.discover() if g.mode == "mps")
             self._mps.start(emit)
         self._stop.clear()
         self._thread = threading.Thread(target=self._watch, name="nvml-health", daemon=True)
@@ -430,13 +474,53 @@ class NvmlBackend:
                     for uuid in list(self._handles):
                         self._fault(uuid, None, f"waiting for NVML events failed: {exc}")
                     self._stop.wait(min(1.0, self._event_timeout_ms / 1000))
-                self.check_recovery()
+                self._periodic()
                 continue
             try:
                 self.handle_event(data)
             except Exception:  # never let one odd event end health watching
                 log.exception("NVML event could not be handled")
-            self.check_recovery()
+            self._periodic()
+
+    def _periodic(self) -> None:
+        if self._clock() >= self._next_reset_check:
+            self.check_reset_needed()
+        self.check_recovery()
+
+    def check_reset_needed(self) -> list[str]:
+        """Read every GPU's row-remapping and retired-page state; a GPU that needs a reset gets a
+        sticky fault. Returns the GPUs found needing one (counters NVML does not support are skipped)."""
+        self._next_reset_check = self._clock() + self.reset_check_s
+        found = []
+        for uuid, handle in list(self._handles.items()):
+            why = self._reset_reason(handle)
+            if why is not None:
+                found.append(uuid)
+                self._fault(uuid, None, f"{why}: {RESET_HINT}", sticky=True)
+        return found
+
+    def _reset_reason(self, handle: Any) -> str | None:
+        nv = self._nvml
+        try:
+            _corr, _unc, pending, failed = nv.nvmlDeviceGetRemappedRows(handle)
+            if failed:
+                return "row remapping failed (the GPU may need replacing)"
+            if pending:
+                return "row remapping pending"
+        except nv.NVMLError as exc:
+            if exc.value not in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_FUNCTION_NOT_FOUND):
+                log.info("remapped rows not readable: %s", exc)
+        except AttributeError:
+            pass  # an nvidia-ml-py without the call
+        try:
+            if int(nv.nvmlDeviceGetRetiredPagesPendingStatus(handle)) == nv.NVML_FEATURE_ENABLED:
+                return "retired pages pending"
+        except nv.NVMLError as exc:
+            if exc.value not in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_FUNCTION_NOT_FOUND):
+                log.info("retired pages not readable: %s", exc)
+        except AttributeError:
+            pass
+        return None
 
     def handle_event(self, data: Any) -> None:
         """Turn one ``c_nvmlEventData_t`` into a fault (public so the probe script can replay one)."""
@@ -457,19 +541,32 @@ class NvmlBackend:
             log.info("ignoring XID %d on unknown GPU %s", xid, uuid)
             return
         gi = int(data.gpuInstanceId)
-        mig_uuid = self._mig_by_gi.get((uuid, gi)) if gi != NO_INSTANCE else None
+        if xid in RESET_REQUIRED_XIDS:  # GPU-wide whatever instance reported it
+            where = f" (reported by GPU instance {gi})" if gi != NO_INSTANCE else ""
+            self._fault(uuid, None, f"critical XID {xid} ({RESET_REQUIRED_XIDS[xid]}){where}: {RESET_HINT}",
+                        sticky=True)
+            return
+        with self._lock:
+            mig_uuid = self._mig_by_gi.get((uuid, gi)) if gi != NO_INSTANCE else None
         if mig_uuid is not None:
             self._fault(mig_uuid, mig_uuid, f"critical XID {xid} on MIG instance {mig_uuid} (GPU instance {gi})",
                         gpu_uuid=uuid)
+        elif gi != NO_INSTANCE:
+            log.warning("XID %d on GPU %s in GPU instance %d, which gpu-slice does not advertise: no advertised "
+                        "instance is affected", xid, uuid, gi)
         else:
             self._fault(uuid, None, f"critical XID {xid}")
 
-    def _fault(self, owner: str, instance: str | None, reason: str, *, gpu_uuid: str | None = None) -> None:
+    def _fault(self, owner: str, instance: str | None, reason: str, *, gpu_uuid: str | None = None,
+               sticky: bool = False) -> None:
         now = self._clock()
         with self._lock:
             known = self._faults.get(owner)
-            self._faults[owner] = _Fault(gpu_uuid or owner, instance, reason, now)
-        if known is None:
+            if known is not None and known.sticky and not sticky:
+                known.last_seen = now  # a reset is still needed: keep its reason
+                return
+            self._faults[owner] = _Fault(gpu_uuid or owner, instance, reason, now, sticky)
+        if known is None or (sticky and not known.sticky):
             log.warning("%s unhealthy: %s", owner, reason)
             self._emit(HealthEvent(gpu_uuid or owner, False, reason, instance))
 
@@ -478,7 +575,8 @@ class NvmlBackend:
         nv = self._nvml
         now = self._clock()
         with self._lock:
-            due = [(o, f) for o, f in self._faults.items() if now - f.last_seen >= self.quiet_period_s]
+            due = [(o, f) for o, f in self._faults.items()
+                   if not f.sticky and now - f.last_seen >= self.quiet_period_s]
         events = []
         for owner, fault in due:
             handle = self._handles.get(fault.gpu_uuid)
@@ -500,6 +598,31 @@ class NvmlBackend:
             events.append(event)
             self._emit(event)
         return events
+
+    # ---- processes (the budget watch) -------------------------------------------------------------
+
+    def gpu_processes(self, gpu_uuid: str) -> tuple[GpuProcess, ...]:
+        """The compute processes on one GPU now: each MPS client with its memory, and every other
+        compute process (the MPS server among them; the budget watch tells it apart by name)."""
+        nv = self._nvml
+        with self._lock:
+            handle = self._handles.get(gpu_uuid)
+        if handle is None:
+            raise DiscoveryError(f"no GPU {gpu_uuid} on this node")
+        try:
+            compute = list(nv.nvmlDeviceGetComputeRunningProcesses(handle))
+            mps = list(nv.nvmlDeviceGetMPSComputeRunningProcesses(handle))
+        except nv.NVMLError as exc:
+            raise DiscoveryError(f"GPU {gpu_uuid}: NVML could not list its processes: {exc}") from exc
+        out: dict[int, GpuProcess] = {}
+        for proc, is_client in [(p, False) for p in compute] + [(p, True) for p in mps]:
+            pid = int(proc.pid)
+            used = proc.usedGpuMemory  # None where NVML cannot tell (pynvml maps NOT_AVAILABLE)
+            mib = None if used is None else int(used) // _MIB
+            if pid in out and not is_client:
+                continue
+            out[pid] = GpuProcess(pid, mib, is_client or (pid in out and out[pid].mps_client))
+        return tuple(sorted(out.values(), key=lambda p: p.pid))
 
     def close(self) -> None:
         nv = self._nvml

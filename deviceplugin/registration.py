@@ -112,7 +112,7 @@ class Registrar:
                  add_servicer: Callable[[grpc.aio.Server], None], *, kubelet_socket: str = "kubelet.sock",
                  poll_s: float = 0.2, register_timeout_s: float = 10.0,
                  on_registered: Callable[[bool], None] | None = None, streams: StreamTracker | None = None,
-                 stream_wait_s: float = 3.0, old_stream_wait_s: float = 5.0) -> None:
+                 stream_wait_s: float = 3.0, old_stream_wait_s: float = 5.0, missing_warn_s: float = 30.0) -> None:
         self.plugin_dir = plugin_dir
         self.socket_path = plugin_dir / endpoint
         self.kubelet_path = plugin_dir / kubelet_socket
@@ -138,6 +138,10 @@ class Registrar:
         self._stream_deadline: float | None = None
         self._stream_seen = False
         self._failed_against: FileId | None = None
+        self.missing_warn_s = missing_warn_s
+        self._missing_since: float | None = None
+        self._missing_warned_at = 0.0
+        self.missing_warnings = 0
         self.stream_losses = 0
         self.stream_timeouts = 0
 
@@ -249,8 +253,29 @@ class Registrar:
             reserve or self._dirty or self.last is None or self.last.kubelet != kubelet)
         return reserve, register
 
+    def _check_kubelet_socket(self) -> None:
+        """Say so, every ``missing_warn_s``, while kubelet's registration socket is absent: a wrong
+        ``--plugin-dir`` or a kubelet that is down would otherwise look like a plugin that is waiting."""
+        now = time.monotonic()
+        if file_id(self.kubelet_path) is not None:
+            if self._missing_since is not None and self.missing_warnings:
+                log.info("kubelet's socket %s is back after %.0fs", self.kubelet_path, now - self._missing_since)
+            self._missing_since = None
+            return
+        if self._missing_since is None:
+            self._missing_since = self._missing_warned_at = now
+            return
+        if now - self._missing_warned_at >= self.missing_warn_s:
+            self._missing_warned_at = now
+            self.missing_warnings += 1
+            log.warning("kubelet's registration socket %s has been absent for %.0fs: the plugin cannot register "
+                        "until it appears. Is kubelet running, and is --plugin-dir kubelet's device-plugins "
+                        "directory (/var/lib/kubelet/device-plugins/ by default; check kubelet's --root-dir)?",
+                        self.kubelet_path, now - self._missing_since)
+
     async def step(self) -> None:
         """One poll: re-serve and/or re-register as the directory requires; errors back off."""
+        self._check_kubelet_socket()
         reserve, register = self.needs_work()
         if reserve:
             if self._server is not None:

@@ -54,12 +54,9 @@ class PluginState:
     cordon, never per allocation.
     """
 
-    def __init__(self, node: str, *, book: AssignmentBook | None, numa: bool = False,
-                 numa_nodes: Mapping[str, int] | None = None) -> None:
+    def __init__(self, node: str, *, book: AssignmentBook | None) -> None:
         self.node = node
         self.book = book
-        self.numa = numa
-        self.numa_nodes: dict[str, int] = dict(numa_nodes or {})
         self.gpus: tuple[Gpu, ...] = ()
         self.unhealthy: dict[str, str] = {}  # GPU or MIG uuid -> reason
         self.cordoned: frozenset[str] = frozenset()
@@ -175,8 +172,10 @@ class PluginState:
             self._inventory = NodeInventory(self.node, tuple(gpus))
         return self._inventory
 
-    def id_health(self) -> list[tuple[str, str, int | None]]:
-        """(id, health, NUMA node) for every advertised id, in a stable order.
+    def id_health(self) -> list[tuple[str, str]]:
+        """(id, health) for every advertised id, in a stable order. No NUMA topology is advertised:
+        under a topology-manager policy kubelet would then pick ids only from its hinted NUMA node and
+        override the extender's GPU (DESIGN 5).
 
         Unhealthy: the GPU or its MIG instance is unhealthy. A cordoned GPU's free ids are Unhealthy
         too, so kubelet hands them to no new pod; ids that live pods hold (admitted, stamped, just
@@ -187,31 +186,26 @@ class PluginState:
         """
         keep = (self.book.held() | self.book.held_by_candidates()) if (self.book is not None and self.cordoned) \
             else frozenset()
-        out: list[tuple[str, str, int | None]] = []
-        numa = None
+        out: list[tuple[str, str]] = []
         for gpu in self.inventory().gpus:
-            if self.numa:
-                numa = self.numa_nodes.get(gpu.uuid)
             withdrawn = gpu.uuid in self.changing
             if gpu.mode == "mig":
                 for inst in gpu.instances:
                     bad = withdrawn or gpu.uuid in self.unhealthy or inst.uuid in self.unhealthy
                     for sid in inst.slice_ids():
                         ok = not bad and (not gpu.cordoned or sid in keep)
-                        out.append((sid, HEALTHY if ok else UNHEALTHY, numa))
+                        out.append((sid, HEALTHY if ok else UNHEALTHY))
             else:
                 bad = withdrawn or gpu.uuid in self.unhealthy
                 for sid in gpu.slice_ids():
                     ok = not bad and (not gpu.cordoned or sid in keep)
-                    out.append((sid, HEALTHY if ok else UNHEALTHY, numa))
+                    out.append((sid, HEALTHY if ok else UNHEALTHY))
         return out
 
     def device_list(self) -> pb.ListAndWatchResponse:
         resp = pb.ListAndWatchResponse()
-        for sid, health, numa in self.id_health():
-            dev = resp.devices.add(ID=sid, health=health)
-            if numa is not None:
-                dev.topology.nodes.add(ID=numa)
+        for sid, health in self.id_health():
+            resp.devices.add(ID=sid, health=health)
         return resp
 
     # ---- decisions (pure over the state)
@@ -221,18 +215,24 @@ class PluginState:
         return ids
 
     async def preferred_waiting(self, available: Iterable[str], must_include: Iterable[str], size: int,
-                                wait_s: float) -> tuple[list[str], Candidate | None]:
+                                wait_s: float, empty_wait_s: float = 0.0) -> tuple[list[str], Candidate | None]:
         """``preferred``, but when no assignment of that size matches, wait up to ``wait_s`` for the pod
         cache to catch up (kubelet's informer may see a bound pod before our watch does) before the
-        best-fit fallback. No I/O: it only waits for the watch already running."""
+        best-fit fallback; and up to ``empty_wait_s`` in all while no valid best fit is left either,
+        since an empty answer lets kubelet pick ids itself, which on a MIG GPU never form the instance
+        the pod needs. No I/O: it only waits for the watch already running."""
         avail, must = list(available), list(must_include)
         ids, cand = preferred(self.book, self.inventory(), avail, must, size)
-        if cand is not None or self.book is None or wait_s <= 0:
+        if cand is not None or self.book is None or max(wait_s, empty_wait_s) <= 0:
             return ids, cand
-        deadline = time.monotonic() + wait_s
-        while (left := deadline - time.monotonic()) > 0:
-            if not await self.wait_pods(left):
+        start = time.monotonic()
+        while True:
+            limit = wait_s if ids else max(wait_s, empty_wait_s)
+            left = start + limit - time.monotonic()
+            if left <= 0:
                 break
+            if not await self.wait_pods(left):
+                continue  # timed out: the next turn sees no time left
             ids, cand = preferred(self.book, self.inventory(), avail, must, size)
             if cand is not None:
                 break
@@ -258,13 +258,15 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
 
     def __init__(self, state: PluginState, injector: Injector, *, metrics: RpcObserver | None = None,
                  on_allocate: Callable[[Placement, Candidate | None], None] | None = None,
-                 streams: StreamTracker | None = None, preferred_wait_s: float = 2.0,
+                 streams: StreamTracker | None = None, preferred_wait_s: float = 5.0,
+                 preferred_wait_empty_s: float = 30.0,
                  before_answer: Callable[[Placement], Awaitable[str | None]] | None = None) -> None:
         self.state = state
         # Awaited for every placement before Allocate answers (the MPS daemon cap, deviceplugin.mps_limits);
         # a reason string refuses the request.
         self.before_answer = before_answer
         self.preferred_wait_s = preferred_wait_s
+        self.preferred_wait_empty_s = preferred_wait_empty_s
         self.streams = streams if streams is not None else StreamTracker()
         self._end = asyncio.Event()
         self.injector = injector
@@ -318,10 +320,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             for creq in request.container_requests:
                 ids, cand = await self.state.preferred_waiting(
                     creq.available_deviceIDs, creq.must_include_deviceIDs, creq.allocation_size,
-                    self.preferred_wait_s)
+                    self.preferred_wait_s, self.preferred_wait_empty_s)
                 if cand is None and self.state.book is not None:
-                    log.info("GetPreferredAllocation of %d: no assignment matches (after waiting up to %.1fs "
-                             "for the pod cache); best fit %s", creq.allocation_size, self.preferred_wait_s, ids)
+                    log.info("GetPreferredAllocation of %d: no assignment matches (after waiting up to %.1fs, "
+                             "%.1fs with no best fit, for the pod cache); best fit %s", creq.allocation_size,
+                             self.preferred_wait_s, self.preferred_wait_empty_s, ids)
                 resp.container_responses.add(deviceIDs=ids)
             return resp
         except GpuSliceError as exc:

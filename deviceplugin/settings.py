@@ -21,8 +21,10 @@ from gpuslice.requests import RESOURCE
 
 BackendName = Literal["nvml", "simulated"]
 Injection = Literal["cdi", "volume-mounts", "env"]
+MpsDaemons = Literal["external", "plugin"]
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 INJECTIONS: tuple[str, ...] = get_args(Injection)
+MPS_DAEMONS: tuple[str, ...] = get_args(MpsDaemons)
 
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins/")
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
@@ -53,16 +55,22 @@ class Settings:
     cdi_vendor: str = "nvidia.com"
     cdi_spec_dirs: tuple[Path, ...] = DEFAULT_CDI_SPEC_DIRS
     cdi_class: str = "gpu"
-    numa_topology: bool = False
+    cdi_validate: bool | None = None  # None: on with the nvml backend and CDI injection
     conflict_taint: bool = False
     metrics_port: int = 9402
     metrics_address: str = "0.0.0.0"
     read_only: bool = False
     mps_root: Path | None = None
+    mps_daemons: MpsDaemons | None = None  # None: external with nvml, plugin with the simulated backend
     mps_memory_limit_only: bool = False
+    budget_s: float = 10.0
+    budget_evict: bool = False
+    proc_root: Path = Path("/proc")
+    kubelet_warn_s: float = 30.0
     dir_poll_s: float = 0.2
     register_timeout_s: float = 10.0
-    preferred_wait_s: float = 2.0
+    preferred_wait_s: float = 5.0
+    preferred_wait_empty_s: float = 30.0
     rediscover_s: float = 0.5
     reconcile_s: float = 10.0
     stamp_resync_s: float = 5.0
@@ -88,6 +96,21 @@ class Settings:
     @property
     def kubelet_socket(self) -> Path:
         return self.plugin_dir / KUBELET_SOCKET_NAME
+
+    @property
+    def daemons(self) -> MpsDaemons:
+        """Who runs the MPS control daemons: the gpu-slice-mps DaemonSet (``external``, the default on
+        real nodes) or this process (``plugin``: the simulated quick start, a node without it)."""
+        if self.mps_daemons is not None:
+            return self.mps_daemons
+        return "external" if self.backend == "nvml" else "plugin"
+
+    @property
+    def validate_cdi(self) -> bool:
+        """Whether advertised GPUs and MIG instances are checked against the CDI spec's device names."""
+        if self.device_injection != "cdi":
+            return False
+        return self.cdi_validate if self.cdi_validate is not None else self.backend == "nvml"
 
     def validate(self) -> Settings:
         """Check every field; raise ``SettingsError`` naming the first bad one."""
@@ -123,19 +146,28 @@ class Settings:
             raise SettingsError("metrics_port", f"must be 0 (off) to 65535, got {self.metrics_port}")
         if not self.metrics_address:
             raise SettingsError("metrics_address", "must not be empty")
+        if self.mps_daemons is not None and self.mps_daemons not in MPS_DAEMONS:
+            raise SettingsError("mps_daemons", f"must be one of {', '.join(MPS_DAEMONS)}, got {self.mps_daemons!r}")
+        if self.budget_evict and not self.use_kube:
+            raise SettingsError("budget_evict", "needs the Kubernetes API (it evicts pods); drop --no-kube")
+        if not self.proc_root.is_absolute():
+            raise SettingsError("proc_root", f"{self.proc_root} must be an absolute path")
         for name in ("dir_poll_s", "register_timeout_s", "rediscover_s", "reconcile_s", "stamp_resync_s",
-                     "stamp_backoff_s", "kube_timeout_s"):
+                     "stamp_backoff_s", "kube_timeout_s", "budget_s", "kubelet_warn_s"):
             value = getattr(self, name)
             if not value > 0:
                 raise SettingsError(name, f"must be positive, got {value}")
-        if not 0 <= self.preferred_wait_s <= 10:
-            raise SettingsError("preferred_wait_s", f"must be 0 to 10 seconds, got {self.preferred_wait_s}")
+        if not 0 <= self.preferred_wait_s <= 30:
+            raise SettingsError("preferred_wait_s", f"must be 0 to 30 seconds, got {self.preferred_wait_s}")
+        if not 0 <= self.preferred_wait_empty_s <= 120:
+            raise SettingsError("preferred_wait_empty_s",
+                                f"must be 0 to 120 seconds, got {self.preferred_wait_empty_s}")
         if self.stamp_retries < 0:
             raise SettingsError("stamp_retries", f"must not be negative, got {self.stamp_retries}")
         return self
 
 
-_PATH_FIELDS = frozenset({"topology", "plugin_dir", "pod_resources_socket", "kubeconfig", "mps_root"})
+_PATH_FIELDS = frozenset({"topology", "plugin_dir", "pod_resources_socket", "kubeconfig", "mps_root", "proc_root"})
 
 
 def _coerce(name: str, value: Any, template: Any) -> Any:
@@ -148,6 +180,12 @@ def _coerce(name: str, value: Any, template: Any) -> Any:
         if not isinstance(value, str | os.PathLike):
             raise SettingsError(name, f"must be a path, got {value!r}")
         return Path(value)
+    if name in ("mps_daemons", "cdi_validate"):
+        if name == "cdi_validate" and not isinstance(value, bool):
+            raise SettingsError(name, f"must be true or false, got {value!r}")
+        if name == "mps_daemons" and value not in MPS_DAEMONS:
+            raise SettingsError(name, f"must be one of {', '.join(MPS_DAEMONS)}, got {value!r}")
+        return value
     if isinstance(template, bool):
         if not isinstance(value, bool):
             raise SettingsError(name, f"must be true or false, got {value!r}")

@@ -20,7 +20,8 @@ UUIDs are derived from the node name and position (uuid5), so the same file give
 Faults are injected with ``inject_fault``/``recover``; layouts change through ``apply_targets`` or
 ``change_layout``, which, like the real backend, wait while any id of the GPU is allocated. With an
 ``MpsSupervisor`` (pointed at ``mps_standin.py``) its MPS GPUs are healthy only while their
-stand-in daemons answer, exactly as on a real node.
+stand-in daemons answer, exactly as on a real node. A GPU's processes (what NVML's running-process
+lists would show, for the budget watch) are set with ``set_processes``.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ from typing import Any
 
 import yaml
 
-from deviceplugin.backend import GpuTarget, HealthEvent, MigPlacement
+from deviceplugin.backend import GpuProcess, GpuTarget, HealthEvent, MigPlacement
+from deviceplugin.dcgm import simulated_gi_id
 from deviceplugin.errors import TopologyError
-from deviceplugin.mps import MpsSupervisor
+from deviceplugin.mps_supervisor import MpsSupervisor
 from gpuslice.catalogue import PRODUCTS, Product
 from gpuslice.errors import CatalogueError
 from gpuslice.model import GPU_MODES, Gpu, MigInstance, validate_mig_layout
@@ -97,8 +99,9 @@ def build_instances(prod: Product, gpu_uuid: str, layout: list[tuple[str, int, s
             prof = prod.profile(profile_name)
         except CatalogueError as exc:
             raise _fail(f"{where}[{n}].profile", str(exc)) from None
-        instances.append(MigInstance(mig_uuid or sim_mig_uuid(gpu_uuid, prof.name, start), prof.name, start,
-                                     prof.compute_slices, prof.memory_mib))
+        inst = MigInstance(mig_uuid or sim_mig_uuid(gpu_uuid, prof.name, start), prof.name, start,
+                           prof.compute_slices, prof.memory_mib)
+        instances.append(replace(inst, gi=simulated_gi_id(prod.name, inst)))  # as NVML numbers them
     try:
         validate_mig_layout(prod.name, instances, where=f"GPU {gpu_uuid}")
     except CatalogueError as exc:
@@ -210,6 +213,7 @@ class SimulatedBackend:
         self._mps = mps
         self._emit: Callable[[HealthEvent], None] = lambda _event: None
         self._watching = False
+        self._processes: dict[str, tuple[GpuProcess, ...]] = {}
         if mps is not None:
             mps.set_gpus(g.uuid for g in topo.gpus if g.mode == "mps")
 
@@ -345,6 +349,19 @@ class SimulatedBackend:
         if (gpu.mode, gpu.slices) == (target.mode, target.slices):
             return None
         return replace(gpu, mode=target.mode, slices=target.slices, instances=())
+
+    # ---- processes ---------------------------------------------------------------------------------
+
+    def set_processes(self, gpu_uuid: str, processes: tuple[GpuProcess, ...]) -> None:
+        """What NVML's running-process lists show for this GPU from now on."""
+        with self._lock:
+            self._owner(gpu_uuid, None)
+            self._processes[gpu_uuid] = tuple(processes)
+
+    def gpu_processes(self, gpu_uuid: str) -> tuple[GpuProcess, ...]:
+        with self._lock:
+            self._owner(gpu_uuid, None)
+            return self._processes.get(gpu_uuid, ())
 
     def close(self) -> None:
         if self._mps is not None:

@@ -1,13 +1,18 @@
 """Probe a machine with a real NVIDIA GPU through the NVML backend, read-only, and prove it changed nothing.
 
     python e2e/gpu_probe.py [--default-mode mps|whole] [--slices 7] [--health-seconds 3] [--out probe.json]
+                            [--cdi-spec-dir DIR ...] [--cdi-vendor nvidia.com]
 
 Prints (as JSON) the GPUs discovered, each GPU's MIG mode and instances, the device ids and the
-kubelet ``Device`` list the plugin would advertise, what ``apply_targets`` would have changed, and
-the health events seen while watching XIDs for a few seconds. Every pynvml call goes through a guard
-that refuses setters (mode, compute mode, MIG instance create/destroy, resets, ...) before they reach
-NVML, and the MIG mode, compute mode and MIG device list are compared before and after. Exit status
-0 only when nothing changed and no setter was attempted.
+kubelet ``Device`` list the plugin would advertise (with the plugin's CDI check: a GPU or MIG
+instance the node's CDI spec does not name is advertised Unhealthy), the CDI specs found and every
+device name they hold, what ``apply_targets`` would have changed, the row-remapping and
+retired-page state (a GPU needing a reset), each GPU's compute processes and MPS clients (what the
+budget watch reads), and the health events seen while watching XIDs for a few seconds. Every
+pynvml call goes through a guard that refuses setters (mode, compute mode, MIG instance
+create/destroy, resets, ...) before they reach NVML, and the MIG mode, compute mode and MIG device
+list are compared before and after. Exit status 0 only when nothing changed and no setter was
+attempted.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pynvml
 
+from deviceplugin import cdi
 from deviceplugin.backend import GpuTarget, HealthEvent
+from deviceplugin.errors import DevicePluginError
 from deviceplugin.nvml_backend import NvmlBackend
 
 _SETTER = re.compile(r"^nvml(Device|GpuInstance|ComputeInstance|Unit|System|Vgpu\w*|Gpm\w*)?"
@@ -93,7 +100,11 @@ def main() -> int:
     parser.add_argument("--slices", type=int, default=7)
     parser.add_argument("--health-seconds", type=float, default=3.0)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--cdi-spec-dir", dest="cdi_spec_dirs", action="append", type=Path,
+                        help="where CDI specs are read (repeatable; default /etc/cdi and /var/run/cdi)")
+    parser.add_argument("--cdi-vendor", default="nvidia.com")
     args = parser.parse_args()
+    spec_dirs = args.cdi_spec_dirs or [Path("/etc/cdi"), Path("/var/run/cdi")]
 
     guard = ReadOnlyNvml(pynvml)
     try:
@@ -110,9 +121,21 @@ def main() -> int:
         gpus = backend.discover()
         would = backend.apply_targets({}, frozenset())
         gpus = backend.discover()
+        specs = cdi.read_specs(args.cdi_vendor, "gpu", spec_dirs)
+        missing = cdi.missing(gpus, specs)
         backend.watch_health(events.append)
         time.sleep(args.health_seconds)
-        unhealthy = dict(backend.unhealthy())
+        unhealthy = {**missing, **backend.unhealthy()}
+        report["cdi"] = {"kind": specs.kind, "specs": [str(p) for p in specs.paths], "names": sorted(specs.names),
+                         "unreadable": list(specs.unreadable), "advertised_without_a_name": missing}
+        report["reset_needed"] = backend.check_reset_needed()
+        processes: dict[str, Any] = {}
+        for g in gpus:
+            try:
+                processes[g.uuid] = [p.__repr__() for p in backend.gpu_processes(g.uuid)]
+            except DevicePluginError as exc:
+                processes[g.uuid] = f"error: {exc}"
+        report["processes"] = processes
         report["driver_version"] = str(pynvml.nvmlSystemGetDriverVersion())
         report["gpus"] = [{
             "uuid": g.uuid, "index": g.index, "product": g.product, "memory_mib": g.memory_mib, "mode": g.mode,
@@ -123,8 +146,10 @@ def main() -> int:
         report["mig_mode"] = {s["uuid"]: s["mig_mode"] for s in before}
         report["device_ids"] = [sid for g in gpus for sid in g.slice_ids()]
         report["devices"] = [
-            {"ID": sid, "health": "Unhealthy" if (not g.healthy or owner in unhealthy) else "Healthy"}
+            {"ID": sid, "health": "Unhealthy" if (not g.healthy or owner in unhealthy or g.uuid in unhealthy)
+             else "Healthy"}
             for g in gpus for sid in g.slice_ids() for owner in [sid.rsplit("::", 1)[0]]]
+        report["unhealthy"] = unhealthy
         report["apply_targets_read_only"] = would
         report["warnings"] = backend.warnings
         report["health_events"] = [e.__repr__() for e in events]

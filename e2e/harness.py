@@ -6,19 +6,21 @@
 * the shipped ``simulated`` overlay, applied server-side and strict, except the DaemonSet and the
   scheduler Deployment (their processes run here, below) and the Prometheus operator's kinds (no
   operator runs here): namespace, quota, PriorityClass, ConfigMaps, service accounts, RBAC and the
-  two ValidatingAdmissionPolicies;
+  ValidatingAdmissionPolicies;
 * three GPU nodes, each a ``kubelet-dm`` (kubelet's own device manager, admission and PodResources)
-  with its own ``gpu-slice device-plugin --backend simulated`` process, running as the plugin's service
-  account with a token bound to a pod on its node (as kubelet projects a DaemonSet pod's token), so
-  the admission policy's own-node rules apply. Topologies mix MIG, MPS and whole-GPU modes and two
-  products (:data:`TOPOLOGIES`);
+  with its own ``gpu-slice mps-daemon`` (the ``gpu-slice-mps`` DaemonSet's process: the stand-in MPS
+  daemons outlive every plugin) and ``gpu-slice device-plugin --backend simulated`` process, running
+  as the plugin's service account with a token bound to a pod on its node (as kubelet projects a
+  DaemonSet pod's token), so the admission policy's own-node rules apply. Topologies mix MIG, MPS
+  and whole-GPU modes and two products (:data:`TOPOLOGIES`);
 * a real Prometheus scraping every plugin's DCGM-compatible series and every extender's metrics;
-* two replicas of the scheduler pod: ``gpu-slice extender`` beside a real kube-scheduler with the
-  shipped ``KubeSchedulerConfiguration`` (leader election on ``kube-system/gpu-slice-scheduler``), both
-  as the extender's service account. As root each kube-scheduler gets its own host name (its own UTS
-  namespace, ``cluster scheduler --hostname``) so the two hold distinct leader identities and the
-  extenders fence ``/bind`` on them; otherwise one replica runs, unfenced, and the tests that need two
-  say so when they skip.
+* two replicas of the scheduler pod: ``gpu-slice extender`` (verbs on a loopback port, probes and
+  metrics on an ops port of their own) beside a real kube-scheduler with the shipped
+  ``KubeSchedulerConfiguration`` (leader election on ``kube-system/gpu-slice-scheduler``), each as its
+  own service account (the extender's, kube-scheduler's). As root each kube-scheduler gets its own
+  host name (its own UTS namespace, ``cluster scheduler --hostname``) so the two hold distinct leader
+  identities and the extenders fence ``/bind`` on them; otherwise one replica runs, unfenced, and the
+  tests that need two say so when they skip.
 
 Every process started here is in its own process group and is stopped by its pid; the launcher's
 components are stopped with ``cluster down``. :meth:`System.audit` counts what DESIGN 8 says can go
@@ -37,6 +39,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -68,6 +71,7 @@ SCHEDULER_NAME = "gpu-slice-scheduler"
 LEASE_NS, LEASE_NAME = "kube-system", "gpu-slice-scheduler"
 PLUGIN_SA = f"{NAMESPACE}/gpu-slice-device-plugin"
 EXTENDER_SA = f"{NAMESPACE}/gpu-slice-extender"
+SCHEDULER_SA = f"{NAMESPACE}/gpu-slice-scheduler"
 TEST_NS = "default"
 
 #: Not applied here: the processes run as processes, and no Prometheus operator serves these kinds.
@@ -282,6 +286,55 @@ class Kube:
                                                                _preload_content=False, _request_timeout=20))
 
 
+def follow_pods(core: Any, namespace: str, on_event: Callable[[str, dict[str, Any], float], None],
+                stop: threading.Event, *, clock: Callable[[], float] = time.monotonic,
+                started: threading.Event | None = None) -> None:
+    """List, then watch, the pods of ``namespace`` until ``stop``: ``on_event(type, pod, when)`` for each
+    listed pod (as ADDED) and each watch event, ``when`` by ``clock`` as the line arrived. A watch that
+    ends resumes from the last version seen; an ERROR event (410) or a failure lists again. For the
+    benchmarks' and scenarios' own clocks on what the API server shows."""
+    rv = ""
+    while not stop.is_set():
+        try:
+            if not rv:
+                resp = core.list_namespaced_pod(namespace, _preload_content=False, _request_timeout=30)
+                listed = json.loads(resp.data)
+                resp.release_conn()
+                now = clock()
+                for pod in listed["items"]:
+                    on_event("ADDED", pod, now)
+                rv = listed["metadata"]["resourceVersion"]
+            resp = core.list_namespaced_pod(namespace, watch=True, resource_version=rv, timeout_seconds=30,
+                                            allow_watch_bookmarks=True, _preload_content=False,
+                                            _request_timeout=(5, 60))
+            if started is not None:
+                started.set()
+            buf = b""
+            for chunk in resp.stream(65536):
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                now = clock()
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":
+                        rv = ""  # 410: list again
+                        break
+                    rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                    if event.get("type") != "BOOKMARK":
+                        on_event(str(event.get("type")), obj, now)
+                if stop.is_set() or not rv:
+                    break
+            resp.release_conn()
+        except Exception:
+            if stop.is_set():
+                return
+            rv = ""
+            time.sleep(0.2)
+
+
 def slice_pod(name: str, slices: int, *, memory: str | None = None, isolation: str | None = None,
               priority_class: str | None = None, labels: dict[str, str] | None = None,
               annotations: dict[str, str] | None = None) -> dict[str, Any]:
@@ -487,6 +540,7 @@ class Node:
     topology: Path
     metrics_port: int
     plugin: Proc | None = None
+    mps: Proc | None = None
 
     @property
     def pod_resources(self) -> str:
@@ -503,16 +557,29 @@ class Replica:
     extender: Proc
     scheduler_config: Path
     scheduler_name: str
+    ops_port: int = 0
 
     @property
     def url(self) -> str:
+        """The verbs (/filter, /prioritize, /bind, /preempt)."""
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ops_url(self) -> str:
+        """/healthz, /readyz and /metrics."""
+        return f"http://127.0.0.1:{self.ops_port}"
 
 
 class System:
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, *, topologies: dict[str, dict[str, Any]] | None = None,
+                 controller_flags: Iterable[str] = ()) -> None:
+        """``topologies``: node name -> simulated topology (default :data:`TOPOLOGIES`; every node must
+        advertise :data:`SLICES_PER_NODE` slices); ``controller_flags``: extra kube-controller-manager
+        flags (a load run raises its API rate limits)."""
         # Unix socket paths are limited to 107 bytes: the plugin's socket lies under work/nodes/NAME/.
         self.work = work
+        self.topologies = dict(topologies if topologies is not None else TOPOLOGIES)
+        self.controller_flags = list(controller_flags)
         probe = work / "nodes" / "gpu-mig" / "device-plugins" / "gpu-slice-device-plugin-00000.sock"
         assert len(str(probe)) < 100, f"{work} is too long a path for the nodes' unix sockets"
         self.admin = self.work / "kubeconfig"
@@ -536,8 +603,9 @@ class System:
         cluster("up", str(self.work))
         self.kube = Kube(self.admin)
         self._apply_manifests()
-        cluster("controller-manager", str(self.work))
-        for name, topo in TOPOLOGIES.items():
+        extra = ["--", *self.controller_flags] if self.controller_flags else []
+        cluster("controller-manager", str(self.work), *extra)
+        for name, topo in self.topologies.items():
             self._start_node(name, topo)
         for node in self.nodes.values():
             self._wait_node_ready(node)
@@ -584,7 +652,21 @@ class System:
                 "containers": [{"name": "device-plugin", "image": "gpu-slice:e2e"}]}}, NAMESPACE)
         sa = self.work / f"plugin-{name}.kubeconfig"
         cluster("sa-kubeconfig", str(self.work), PLUGIN_SA, str(sa), "--bound-pod", f"{NAMESPACE}/{holder}")
+        self._start_mps(node)
         self._start_plugin(node, sa)
+
+    def _start_mps(self, node: Node) -> None:
+        """The simulated overlay's gpu-slice-mps DaemonSet on this node: its arguments, this machine's paths."""
+        from tests.manifests.built import one
+
+        (container,) = one(self.built, "DaemonSet", "gpu-slice-mps")["spec"]["template"]["spec"]["containers"]
+        args = [a for a in container["args"] if not a.startswith("--mps-root=")]
+        assert args[0] == "mps-daemon" and "--control=standin" in args, args
+        argv = [sys.executable, "-m", "gpuslice_cli", *args, "--mps-root", str(self.work / "mps" / node.name),
+                "--drain-seconds", "2"]
+        node.mps = Proc(f"mps-{node.name}", argv, self.work / f"mps-{node.name}.log",
+                        {"GPU_SLICE_MPS_STANDIN_LIFETIME_S": "1800"})
+        self.procs.append(node.mps)
 
     def _start_plugin(self, node: Node, sa: Path | None = None) -> None:
         sa = sa or self.work / f"plugin-{node.name}.kubeconfig"
@@ -599,10 +681,8 @@ class System:
                 "--kubeconfig", str(sa), "--plugin-dir", node.info["pluginDir"],
                 "--pod-resources-socket", node.pod_resources, "--metrics-port", str(node.metrics_port),
                 "--metrics-address", "127.0.0.1", "--mps-root", str(self.work / "mps" / node.name)]
-        # The stand-in MPS daemons are detached; they also end when their pipe directory goes.
-        env = {"GPU_SLICE_MPS_STANDIN_LIFETIME_S": "1800"}
         if node.plugin is None:
-            node.plugin = Proc(f"plugin-{node.name}", argv, self.work / f"plugin-{node.name}.log", env)
+            node.plugin = Proc(f"plugin-{node.name}", argv, self.work / f"plugin-{node.name}.log")
             self.procs.append(node.plugin)
         else:
             node.plugin.argv = argv
@@ -657,7 +737,7 @@ class System:
         (self.work / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
 
     def reload_prometheus(self) -> None:
-        self._write_prometheus_config([r.port for r in self.replicas])
+        self._write_prometheus_config([r.ops_port for r in self.replicas])
         status, body = http("POST", f"{self.prometheus_url}/-/reload")
         assert status == 200, body
 
@@ -668,29 +748,33 @@ class System:
         sa = self.work / "extender.kubeconfig"
         if not sa.exists():
             cluster("sa-kubeconfig", str(self.work), EXTENDER_SA, str(sa))
-        port = free_port()
+        sched_sa = self.work / "scheduler.kubeconfig"
+        if not sched_sa.exists():
+            cluster("sa-kubeconfig", str(self.work), SCHEDULER_SA, str(sched_sa))
+        port, ops_port = free_port(), free_port()
         argv = [sys.executable, "-m", "gpuslice_cli", "extender", f"--config={self.extender_config}",
-                "--address=127.0.0.1", f"--port={port}", f"--lease={LEASE_NS}/{LEASE_NAME}",
+                "--address=127.0.0.1", f"--port={port}", "--ops-address=127.0.0.1", f"--ops-port={ops_port}",
+                f"--lease={LEASE_NS}/{LEASE_NAME}",
                 f"--identity={identity}", "--kubeconfig", str(sa), "--prometheus-url", self.prometheus_url,
-                "--signal-interval", "2"]
+                "--signal-interval", "2", "--slice-map=token"]
         if not self.fencing:
             argv.append("--no-fencing")
         ext = Proc(f"extender-{i}", argv, self.work / f"extender-{i}.log")
         self.procs.append(ext)
-        healthz = f"http://127.0.0.1:{port}/healthz"
+        healthz = f"http://127.0.0.1:{ops_port}/healthz"
         wait(f"extender-{i} /healthz", lambda: (ext.check(), http("GET", healthz)[0] == 200)[1], 60,
              on_timeout=lambda: tail(ext.log))
         config = yaml.safe_load(named_prefix(self.built, "ConfigMap", "gpu-slice-scheduler-config")["data"][
             "scheduler-config.yaml"])
         (ext_cfg,) = config["extenders"]
         ext_cfg["urlPrefix"] = f"http://127.0.0.1:{port}"
-        config["clientConnection"]["kubeconfig"] = str(sa)
+        config["clientConnection"]["kubeconfig"] = str(sched_sa)
         path = self.work / f"scheduler-{i}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         dep = one(self.built, "Deployment", "gpu-slice-scheduler")
         (sched,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "kube-scheduler"]
         flags = [f for f in sched["command"][1:] if not f.startswith("--config=")]
-        replica = Replica(i, identity, port, ext, path, f"sched-{i}")
+        replica = Replica(i, identity, port, ext, path, f"sched-{i}", ops_port)
         self.replicas.append(replica)
         self.start_scheduler(replica, flags)
         if self.prometheus is not None:
@@ -719,7 +803,7 @@ class System:
             lead = self.leader()
             if lead is None or lead is exclude:
                 return None
-            return lead if http("GET", f"{lead.url}/readyz")[0] == 200 else None
+            return lead if http("GET", f"{lead.ops_url}/readyz")[0] == 200 else None
         got: Replica = wait("a scheduler to hold the Lease and its extender to be ready", ready, timeout,
                             on_timeout=self.logs)
         return got
@@ -939,11 +1023,12 @@ def restart_node(system: System, name: str) -> None:
                                                  "--memory=512Gi").splitlines()[-1])
 
 
-def restart_plugin(system: System, name: str) -> None:
-    """SIGKILL this node's device plugin (a crash) and start it again."""
+def restart_plugin(system: System, name: str, sig: int = signal.SIGKILL) -> None:
+    """Stop this node's device plugin (SIGKILL: a crash; SIGTERM: what a DaemonSet roll sends) and start
+    a new one."""
     node = system.nodes[name]
     assert node.plugin is not None
-    node.plugin.kill()
+    node.plugin.stop(sig)
     system._start_plugin(node)
     system._wait_node_ready(node)
 

@@ -69,7 +69,7 @@ def test_kill_leader_mid_batch_then_restart_it(system: System, record: dict[str,
         assert json.loads(ann_of(p)[ASSIGNMENT])["node"] == p["spec"]["nodeName"]
     # Restart the killed replica: it comes back as a follower and the batch goes on.
     leader.extender.start()
-    wait("the restarted extender /healthz", lambda: http("GET", f"{leader.url}/healthz")[0] == 200, 60)
+    wait("the restarted extender /healthz", lambda: http("GET", f"{leader.ops_url}/healthz")[0] == 200, 60)
     system.start_scheduler(leader)
     _batch(system, "after", [1, 2])
     assert system.leader() is other, "the lease moved back although its holder kept running"
@@ -100,13 +100,13 @@ def test_prometheus_stopped_scheduling_goes_on(system: System, record: dict[str,
     assert system.prometheus is not None
     leader = system.wait_leader()
     errors = "gpu_slice_extender_prometheus_query_errors_total"
-    before = system.metric(leader.url, errors)
+    before = system.metric(leader.ops_url, errors)
     system.prometheus.stop()
     try:
         _batch(system, "np", [1, 2, 7])
         # Packing alone, and the operator is told: the failed queries are counted.
         wait("the extender counting failed Prometheus queries",
-             lambda: system.metric(leader.url, errors) > before, 30)
+             lambda: system.metric(leader.ops_url, errors) > before, 30)
         _audit(system, record, "prometheus stopped")
     finally:
         system._start_prometheus()
@@ -119,7 +119,7 @@ def test_mps_daemon_killed(system: System, record: dict[str, Any]) -> None:
     assert before, "no stand-in MPS daemon found for gpu-mps"
     gpu, pid = sorted(before.items())[0]
     os.kill(pid, signal.SIGKILL)
-    wait("the MPS daemon restarted by the plugin's supervisor",
+    wait("the MPS daemon restarted by its node's gpu-slice mps-daemon",
          lambda: mps_daemon_pids(system, "gpu-mps").get(gpu, pid) != pid, 60)
     _batch(system, "mp2", [1, 1], isolation="mps")
     for name in running:

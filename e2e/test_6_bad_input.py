@@ -94,12 +94,11 @@ def _acceptable(verb: str, status: int, raw: bytes, sent: Any) -> str | None:
     return None if verb == "preempt" else f"unexpected answer {raw[:200]!r}"
 
 
-def _good_filter(url: str) -> None:
-    status, raw = http("POST", f"{url}/filter", json.dumps({
-        "Pod": {"metadata": {"name": "probe", "namespace": "default", "uid": "11111111-1111-1111-1111-111111111111"},
-                "spec": {"schedulerName": "gpu-slice-scheduler", "containers": [
-                    {"name": "c", "resources": {"limits": {"example.com/gpu-slice": "1"}}}]}},
-        "NodeNames": NODES}).encode(), headers={"Content-Type": "application/json"})
+def _good_filter(url: str, probe: dict[str, Any]) -> None:
+    """A well-formed /filter for ``probe``, a pod the API server holds (the extender holds nothing for a
+    pod it cannot find), still answered after the hostile ones."""
+    status, raw = http("POST", f"{url}/filter", json.dumps({"Pod": probe, "NodeNames": NODES}).encode(),
+                       headers={"Content-Type": "application/json"})
     assert status == 200, (status, raw[:500])
     body = json.loads(raw)
     assert not body.get("Error") and body.get("NodeNames"), body
@@ -107,6 +106,10 @@ def _good_filter(url: str) -> None:
 
 def test_hostile_extender_requests(system: System, record: dict[str, Any]) -> None:
     url = system.wait_leader().url
+    # A real pending pod no scheduler picks up (another scheduler's name), for the good requests.
+    body = slice_pod("probe", 1)
+    body["spec"]["schedulerName"] = "e2e-nobody"
+    probe = system.kube.create_pod(body)
     tried: dict[str, int] = {}
     wrong: list[str] = []
 
@@ -122,7 +125,7 @@ def test_hostile_extender_requests(system: System, record: dict[str, Any]) -> No
         if why:
             wrong.append(f"{verb} {raw_body[:200]!r}: {why}")
         if n % 100 == 99:
-            _good_filter(url)
+            _good_filter(url, probe)
 
     one()
     # Deep, huge and non-JSON bodies.
@@ -135,7 +138,7 @@ def test_hostile_extender_requests(system: System, record: dict[str, Any]) -> No
             tried[f"{verb} ({label})"] = 1
             if not 400 <= status < 500 and not (status == 200 and b'"Error"' in raw):
                 wrong.append(f"{verb} {label}: status {status} {raw[:200]!r}")
-    _good_filter(url)
+    _good_filter(url, probe)
     record.update(requests=sum(tried.values()), by_verb=tried, wrong=len(wrong))
     assert sum(tried.values()) >= 1000
     assert not wrong, wrong[:20]

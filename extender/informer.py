@@ -24,6 +24,7 @@ import json
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -34,13 +35,17 @@ from extender.logs import RateLimitedLog
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
-Kind = Literal["Node", "Pod"]
+Kind = Literal["Node", "Pod", "PodDisruptionBudget"]
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
-KINDS: tuple[Kind, ...] = ("Node", "Pod")
+KINDS: tuple[Kind, ...] = ("Node", "Pod", "PodDisruptionBudget")
 
 #: ``on_relist_metric`` reasons and ``on_error_metric`` codes: short, fixed sets for metric labels.
 RELIST_REASONS = ("initial", "gone", "requested")
-ERROR_CODES = ("transport", "http_4xx", "http_5xx", "watch_error", "decode", "handler")
+ERROR_CODES = ("transport", "http_4xx", "http_5xx", "watch_error", "decode", "handler", "short_watch")
+#: A watch that ends cleanly sooner than this without delivering a change (bookmarks do not count) is
+#: not re-opened at once (client-go's reflector calls it a "very short watch"): a proxy or an
+#: overloaded API server closing every watch at once would otherwise meet a hot loop of new watches.
+MIN_WATCH_S = 1.0
 #: Finished pods hold no slices; leaving them out saves memory in clusters with many Jobs.
 DEFAULT_POD_FIELD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 
@@ -100,6 +105,10 @@ class _Aborted(Exception):
     """The stream was closed on purpose (stop or a requested relist)."""
 
 
+class _ShortWatch(Exception):
+    """The watch ended cleanly at once, having delivered nothing: back off before the next."""
+
+
 class _Stream:
     """The list+watch loop of one kind."""
 
@@ -133,6 +142,13 @@ class _Stream:
                 self._watch(backoff)
             except _Aborted:
                 continue
+            except _ShortWatch:
+                inf._count_error(self.kind, "short_watch")
+                delay = backoff.next()
+                inf._warn.warning(f"{self.kind}-short", "%s watch closed at once without events; reopening in "
+                                  "%.1fs", self.kind, delay)
+                if inf._stop.wait(delay):
+                    return
             except _Gone:
                 self.need_list, self.list_reason = True, "gone"
                 # A 410 before the watch from a fresh list delivered anything: do not spin; wait.
@@ -205,19 +221,24 @@ class _Stream:
             self.resp = resp
             aborted = inf._stop.is_set() or self.force_relist
         clean = False
+        opened = time.monotonic()
+        delivered = 0
         try:
             if aborted:
                 raise _Aborted
             for line in _lines(resp):
                 if inf._stop.is_set() or self.force_relist:
                     raise _Aborted
-                self._event(line)
+                if self._event(line) != "BOOKMARK":
+                    delivered += 1
                 if self.fresh_list:
                     self.fresh_list = False
                     backoff.reset()
             clean = True
+            if not delivered and time.monotonic() - opened < inf.min_watch_s:
+                raise _ShortWatch
             backoff.reset()
-        except _Aborted:
+        except (_Aborted, _ShortWatch):
             raise
         except Exception:
             if inf._stop.is_set() or self.force_relist:
@@ -230,7 +251,8 @@ class _Stream:
                 resp.close()
             resp.release_conn()
 
-    def _event(self, line: bytes) -> None:
+    def _event(self, line: bytes) -> str:
+        """Apply one watch line; returns its event type."""
         try:
             event = json.loads(line)
         except ValueError as exc:
@@ -252,6 +274,7 @@ class _Stream:
             log.debug("%s watch: ignoring event type %r", self.kind, type_)
         if rv:
             self.rv = rv
+        return str(type_)
 
     def abort(self) -> None:
         """Close the open watch so its thread notices stop or a requested relist at once."""
@@ -338,7 +361,8 @@ class Informer:
                  transform: Callable[[Kind, Obj], Any] | None = strip_managed_fields,
                  backoff: Callable[[], Backoff] = Backoff,
                  on_relist_metric: Callable[[Kind, str], None] | None = None,
-                 on_error_metric: Callable[[Kind, str], None] | None = None) -> None:
+                 on_error_metric: Callable[[Kind, str], None] | None = None,
+                 budgets: bool = False) -> None:
         from kubernetes import client
 
         core = client.CoreV1Api(api_client)
@@ -346,6 +370,7 @@ class Informer:
         self.watch_timeout_s = int(watch_timeout_s)
         self.request_timeout_s = request_timeout_s
         self.page_size = page_size
+        self.min_watch_s = min(MIN_WATCH_S, self.watch_timeout_s / 2)  # a watch's own timeout is no fault
         self._transform_fn = transform
         self._backoff_factory = backoff
         self._on_relist_metric = on_relist_metric
@@ -357,14 +382,18 @@ class Informer:
         self._warn = RateLimitedLog(log)
         self._synced = threading.Event()
         self._relist_gen = 0
-        self.relists: dict[Kind, int] = dict.fromkeys(KINDS, 0)
-        self.errors: dict[Kind, int] = dict.fromkeys(KINDS, 0)
         pod_sel = {"field_selector": pod_field_selector} if pod_field_selector else {}
         node_sel = {"label_selector": node_label_selector} if node_label_selector else {}
         self._streams: dict[Kind, _Stream] = {
             "Node": _Stream(self, "Node", core.list_node, node_sel),
             "Pod": _Stream(self, "Pod", core.list_pod_for_all_namespaces, pod_sel),
         }
+        if budgets:  # PodDisruptionBudgets (policy/v1), for preemption
+            policy = client.PolicyV1Api(api_client)
+            self._streams["PodDisruptionBudget"] = _Stream(
+                self, "PodDisruptionBudget", policy.list_pod_disruption_budget_for_all_namespaces, {})
+        self.relists: dict[Kind, int] = dict.fromkeys(self._streams, 0)
+        self.errors: dict[Kind, int] = dict.fromkeys(self._streams, 0)
 
     # ---- lifecycle
 
@@ -394,7 +423,7 @@ class Informer:
 
     @property
     def synced(self) -> bool:
-        """True once both Nodes and Pods have been listed completely at least once."""
+        """True once every kind has been listed completely at least once."""
         return self._synced.is_set()
 
     def wait_synced(self, timeout: float | None = None) -> bool:

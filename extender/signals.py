@@ -1,7 +1,8 @@
 """Utilization and price signals from Prometheus, refreshed in the background, read as snapshots.
 
 Series read (names and labels configurable, :class:`SignalSettings`; the defaults cover
-dcgm-exporter up to 4.8 and the 4.9 renames, reference 3.1-3.3, and OpenCost, reference 4):
+dcgm-exporter up to 4.8 and the 4.9 renames, reference 3.1-3.3, and OpenCost, reference 4). Only
+what scoring uses is asked for:
 
 =================  ==============================================================  ==============
 kind               default metric names                                            unit kept
@@ -9,29 +10,28 @@ kind               default metric names                                         
 ``gr_engine``      DCGM_FI_PROF_GR_ENGINE_ACTIVE, DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO  ratio 0..1
 ``dram``           DCGM_FI_PROF_DRAM_ACTIVE, DCGM_FI_PROF_DRAM_UTIL_RATIO            ratio 0..1
 ``gpu_util``       DCGM_FI_DEV_GPU_UTIL (percent), DCGM_FI_DEV_GPU_UTIL_RATIO        ratio 0..1
-``fb_used``        DCGM_FI_DEV_FB_USED                                               MiB
-``fb_free``        DCGM_FI_DEV_FB_FREE                                               MiB
 ``node_total_cost`` node_total_hourly_cost                                           $/hour
-``node_gpu_cost``  node_gpu_hourly_cost                                              $/GPU-hour
 =================  ==============================================================  ==============
 
 Units follow the name (reference 3.3 advises it): ``…_RATIO``/``…_ACTIVE`` are ratios,
-``DCGM_FI_DEV_GPU_UTIL`` is a percentage, ``…_BYTES`` are bytes (converted to MiB). The byte-valued
-framebuffer names of exporter 4.9 are not known (reference 8.1); add them to ``fb_used``/``fb_free``.
+``DCGM_FI_DEV_GPU_UTIL`` is a percentage.
 
 A series is mapped to (GPU uuid, GPU-instance id or None) by its ``UUID`` (``uuid`` with
-``--use-old-namespace``) and ``GPU_I_ID`` labels; dcgm-exporter labels MIG instances by their parent
-GPU's uuid and GPU-instance id, so the caller supplies ``mig_uuid(gpu_uuid, gi_id)`` to name the
-instance (the device plugin knows the mapping from NVML). The node label (``node``,
+``--use-old-namespace``) and ``GPU_I_ID`` labels: dcgm-exporter labels a MIG instance by its parent
+GPU's uuid and its GPU-instance id, which the node inventory carries per instance
+(``gpuInstanceId``), so the caller asks for an instance by that id. The node label (``node``,
 ``kubernetes_node``, ``hostname``, or ``Hostname`` before exporter 4.9) is recorded but GPUs are
 found by uuid: without the Helm chart's NODE_NAME the exporter reports the OS hostname, which need
 not be the node's name. When two series carry one uuid (two scrape jobs, a renamed node), the one
 labelled with the asked node wins, else the newest.
 
-Every sample keeps its own timestamp: each query is an instant query over a range selector
-(``{__name__=~"…"}[<max_age>s]``), whose answer carries the real sample times, not the evaluation
-time, so a dead exporter's values age out instead of looking fresh for Prometheus' 5-minute lookback.
-A sample older than ``max_age_s`` is absent.
+Each metric name is one instant query that answers only the latest sample of each series, with the
+time it was taken: ``label_replace(timestamp(NAME), "gpu_slice_sample", "time", "", "") or
+last_over_time(NAME[<max_age>s])``. ``timestamp()`` of a plain selector is the sample's own time,
+not the evaluation time, so a dead exporter's values age out instead of looking fresh for
+Prometheus' 5-minute lookback; ``last_over_time`` over the staleness window leaves out what is older.
+One sample per series comes back (a range vector would bring every sample of the window: tens of MB
+at 5,000 nodes). A sample older than ``max_age_s`` is absent.
 
 **Activity** of a GPU or MIG instance = max(graphics-engine activity, DRAM bandwidth utilization)
 of its fresh samples (LLM decoding is bandwidth-bound); for a whole GPU without profiling metrics,
@@ -74,24 +74,23 @@ from gpuslice.nodes import node_price
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
-SignalKind = Literal["gr_engine", "dram", "gpu_util", "fb_used", "fb_free", "node_total_cost", "node_gpu_cost"]
-GPU_KINDS: tuple[SignalKind, ...] = ("gr_engine", "dram", "gpu_util", "fb_used", "fb_free")
-NODE_KINDS: tuple[SignalKind, ...] = ("node_total_cost", "node_gpu_cost")
+SignalKind = Literal["gr_engine", "dram", "gpu_util", "node_total_cost"]
+GPU_KINDS: tuple[SignalKind, ...] = ("gr_engine", "dram", "gpu_util")
+NODE_KINDS: tuple[SignalKind, ...] = ("node_total_cost",)
+#: The label that marks the sample-time series of an answer (see the module docstring).
+SAMPLE_LABEL = "gpu_slice_sample"
 SIGNAL_KINDS: tuple[SignalKind, ...] = GPU_KINDS + NODE_KINDS
 #: Reasons passed to ``on_query_error``: a short, bounded set for a metric label.
 QUERY_ERROR_REASONS = ("unreachable", "timeout", "http", "prometheus_error", "bad_response")
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-_MIB = float(1 << 20)
 
 
 def unit_scale(kind: SignalKind, name: str) -> float:
-    """Factor from a series' unit to the unit kept for ``kind`` (ratio, MiB, $/hour), from its name."""
+    """Factor from a series' unit to the unit kept for ``kind`` (ratio, $/hour), from its name."""
     if kind in ("gr_engine", "dram", "gpu_util"):
         return 0.01 if name == "DCGM_FI_DEV_GPU_UTIL" or name.endswith(("_PERCENT", "_PCT")) else 1.0
-    if kind in ("fb_used", "fb_free"):
-        return 1.0 / _MIB if name.endswith("_BYTES") else 1.0
     return 1.0
 
 
@@ -106,10 +105,7 @@ class SignalSettings:
     gr_engine: tuple[str, ...] = ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO")
     dram: tuple[str, ...] = ("DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_DRAM_UTIL_RATIO")
     gpu_util: tuple[str, ...] = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_UTIL_RATIO")
-    fb_used: tuple[str, ...] = ("DCGM_FI_DEV_FB_USED",)
-    fb_free: tuple[str, ...] = ("DCGM_FI_DEV_FB_FREE",)
     node_total_cost: tuple[str, ...] = ("node_total_hourly_cost",)
-    node_gpu_cost: tuple[str, ...] = ("node_gpu_hourly_cost",)
     #: GPU series: which label names the node, first present wins.
     node_labels: tuple[str, ...] = ("node", "kubernetes_node", "hostname", "Hostname")
     uuid_labels: tuple[str, ...] = ("UUID", "uuid")
@@ -140,11 +136,12 @@ class SignalSettings:
         names: tuple[str, ...] = getattr(self, kind)
         return names
 
-    def query(self, kind: SignalKind) -> str:
-        """The PromQL for ``kind``: every name of it, over the staleness window, with sample times."""
-        alternatives = "|".join(re.escape(n) for n in self.names(kind))
-        extra = f",{self.matchers}" if self.matchers.strip() else ""
-        return f'{{__name__=~"{alternatives}"{extra}}}[{math.ceil(self.max_age_s)}s]'
+    def query(self, name: str) -> str:
+        """The PromQL for one metric name: each series' latest sample within the staleness window, and
+        that sample's own time (an instant vector of both; see the module docstring)."""
+        selector = f"{name}{{{self.matchers}}}" if self.matchers.strip() else name
+        return (f'label_replace(timestamp({selector}), "{SAMPLE_LABEL}", "time", "", "") '
+                f"or last_over_time({selector}[{math.ceil(self.max_age_s)}s])")
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,13 +168,11 @@ def _pick(samples: tuple[Sample, ...], node: str | None) -> Sample:
 class SignalSnapshot:
     """An immutable view of the signals at one refresh; ages are measured when asked.
 
-    ``gpu`` maps kind -> (uuid, gi id) -> samples; ``mig`` maps (gpu uuid, MIG uuid) -> gi id;
-    ``nodes`` maps kind -> node -> sample; ``fallback_cost`` maps node -> $/hour from annotations and
-    the price table.
+    ``gpu`` maps kind -> (uuid, gi id) -> samples; ``nodes`` maps kind -> node -> sample;
+    ``fallback_cost`` maps node -> $/hour from annotations and the price table.
     """
 
     gpu: Mapping[SignalKind, Mapping[GpuKey, tuple[Sample, ...]]] = field(default_factory=dict)
-    mig: Mapping[tuple[str, str], int] = field(default_factory=dict)
     nodes: Mapping[SignalKind, Mapping[str, Sample]] = field(default_factory=dict)
     fallback_cost: Mapping[str, float] = field(default_factory=dict)
     max_age_s: float = 120.0
@@ -189,32 +184,25 @@ class SignalSnapshot:
         age = max(0.0, (self.clock() if now is None else now) - sample.at)
         return (sample.value, age) if age <= self.max_age_s else None
 
-    def _gi(self, gpu_uuid: str, instance_uuid: str | None) -> int | Literal[False] | None:
-        if instance_uuid is None:
-            return None
-        gi = self.mig.get((gpu_uuid, instance_uuid))
-        return False if gi is None else gi
-
-    def sample(self, kind: SignalKind, node: str | None, gpu_uuid: str, instance_uuid: str | None = None, *,
+    def sample(self, kind: SignalKind, node: str | None, gpu_uuid: str, gi: int | None = None, *,
                now: float | None = None) -> tuple[float, float] | None:
-        """(value, age in s) of one GPU or MIG-instance signal, None when absent or stale."""
-        gi = self._gi(gpu_uuid, instance_uuid)
-        if gi is False:
-            return None
+        """(value, age in s) of one GPU's (``gi`` None) or MIG instance's signal (``gi``: its
+        GPU-instance id, the inventory's ``gpuInstanceId``), None when absent or stale."""
         samples = self.gpu.get(kind, {}).get((gpu_uuid, gi))
         return self._fresh(_pick(samples, node), now) if samples else None
 
-    def activity(self, node: str | None, gpu_uuid: str, instance_uuid: str | None = None, *,
+    def activity(self, node: str | None, gpu_uuid: str, gi: int | None = None, *,
                  now: float | None = None) -> tuple[float, float] | None:
-        """(activity 0..1, age in s) of a GPU (``instance_uuid`` None) or MIG instance; None = no signal.
+        """(activity 0..1, age in s) of a GPU (``gi`` None) or MIG instance; None = no signal.
 
         The larger of graphics-engine activity and DRAM bandwidth; GPU_UTIL only for whole GPUs
-        without profiling metrics. The age is that of the oldest sample used.
+        without profiling metrics (dcgm-exporter does not report it per MIG instance). The age is
+        that of the oldest sample used.
         """
         now = self.clock() if now is None else now
-        parts = [p for p in (self.sample("gr_engine", node, gpu_uuid, instance_uuid, now=now),
-                             self.sample("dram", node, gpu_uuid, instance_uuid, now=now)) if p is not None]
-        if not parts and instance_uuid is None:
+        parts = [p for p in (self.sample("gr_engine", node, gpu_uuid, gi, now=now),
+                             self.sample("dram", node, gpu_uuid, gi, now=now)) if p is not None]
+        if not parts and gi is None:
             util = self.sample("gpu_util", node, gpu_uuid, None, now=now)
             parts = [util] if util is not None else []
         if not parts:
@@ -237,11 +225,6 @@ class SignalSnapshot:
         if self.live_node_cost(node, now=now) is not None:
             return "opencost"
         return "fallback" if node in self.fallback_cost else None
-
-    def node_gpu_cost(self, node: str, *, now: float | None = None) -> float | None:
-        """OpenCost's ``node_gpu_hourly_cost`` ($ per GPU-hour) when fresh."""
-        fresh = self._fresh(self.nodes.get("node_gpu_cost", {}).get(node), now)
-        return None if fresh is None else fresh[0]
 
     def newest_age(self, kind: SignalKind, *, now: float | None = None) -> float | None:
         """Age of the newest sample of ``kind`` (for the signal-age gauge), None when there is none."""
@@ -272,19 +255,26 @@ def _float(text: object) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _latest(series: Obj) -> tuple[float, float] | None:
-    """(sample time, value) of a matrix series' newest finite sample, or a vector's sample."""
-    points = series.get("values")
-    if points is None and "value" in series:
-        points = [series["value"]]
-    if not isinstance(points, list):
-        return None
-    for point in reversed(points):
-        if isinstance(point, list) and len(point) == 2:
-            at, value = _float(point[0]), _float(point[1])
-            if at is not None and value is not None:
-                return at, value
-    return None
+def _samples(series: list[Obj]) -> list[tuple[Mapping[str, Any], float, float]]:
+    """(labels, sample time, value) per series of an answer to :meth:`SignalSettings.query`: the
+    value series joined with their sample-time twins (``SAMPLE_LABEL``); a series without its twin,
+    or with a value that is no finite number, is left out."""
+    times: dict[tuple[tuple[str, Any], ...], float] = {}
+    values: list[tuple[tuple[tuple[str, Any], ...], Mapping[str, Any], float]] = []
+    for one in series:
+        point = one.get("value")
+        if not isinstance(point, list) or len(point) != 2:
+            continue
+        value = _float(point[1])
+        if value is None:
+            continue
+        labels = {k: v for k, v in one["metric"].items() if k != SAMPLE_LABEL}
+        key = tuple(sorted((k, v) for k, v in labels.items() if k != "__name__"))
+        if one["metric"].get(SAMPLE_LABEL) == "time":
+            times[key] = value
+        else:
+            values.append((key, labels, value))
+    return [(labels, times[key], value) for key, labels, value in values if key in times]
 
 
 def _label(labels: Mapping[str, Any], names: tuple[str, ...]) -> str | None:
@@ -298,19 +288,17 @@ def _label(labels: Mapping[str, Any], names: tuple[str, ...]) -> str | None:
 class SignalRefresher:
     """Queries Prometheus every ``interval_s`` and publishes a fresh :class:`SignalSnapshot`.
 
-    ``mig_uuid(gpu_uuid, gi_id)`` names MIG instances (None when unknown); ``config`` gives the
-    price tables for the fallbacks; ``on_query_error(kind, reason)`` feeds the metrics (reason in
-    :data:`QUERY_ERROR_REASONS`). Nothing here raises to the caller once constructed.
+    ``config`` gives the price tables for the fallbacks; ``on_query_error(kind, reason)`` feeds the
+    metrics (reason in :data:`QUERY_ERROR_REASONS`). Nothing here raises to the caller once
+    constructed.
     """
 
     def __init__(self, settings: SignalSettings, *, config: Config | None = None,
-                 mig_uuid: Callable[[str, int], str | None] | None = None,
                  client: httpx.Client | None = None, clock: Callable[[], float] = time.time,
                  on_query_error: Callable[[SignalKind, str], None] | None = None,
                  warn_interval_s: float = 300.0) -> None:
         self.settings = settings
         self.config = config
-        self._mig_uuid = mig_uuid
         self._clock = clock
         self._on_query_error = on_query_error
         self._own_client = client is None and settings.url is not None
@@ -329,7 +317,6 @@ class SignalRefresher:
         self._gpu: dict[SignalKind, Mapping[GpuKey, tuple[Sample, ...]]] = {}
         self._nodes: dict[SignalKind, Mapping[str, Sample]] = {}
         self._fallback: Mapping[str, float] = MappingProxyType({})
-        self._mig: Mapping[tuple[str, str], int] = MappingProxyType({})
         self._snapshot: SignalSnapshot | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -395,10 +382,10 @@ class SignalRefresher:
 
     # ---- Prometheus
 
-    def _query(self, kind: SignalKind) -> list[Obj]:
+    def _query(self, name: str) -> list[Obj]:
         assert self._client is not None
         try:
-            resp = self._client.get("/api/v1/query", params={"query": self.settings.query(kind)})
+            resp = self._client.get("/api/v1/query", params={"query": self.settings.query(name)})
         except httpx.TimeoutException as exc:
             raise _QueryFailed("timeout", f"timed out after {self.settings.timeout_s:g}s ({type(exc).__name__})",
                                abort_round=True) from None
@@ -414,24 +401,20 @@ class SignalRefresher:
         if resp.status_code != 200:
             raise _QueryFailed("http", f"HTTP {resp.status_code}", abort_round=resp.status_code >= 500)
         data = body.get("data") if isinstance(body, dict) and body.get("status") == "success" else None
-        if not isinstance(data, dict) or data.get("resultType") not in ("matrix", "vector"):
-            raise _QueryFailed("bad_response", "not a Prometheus success answer with a matrix or vector")
+        if not isinstance(data, dict) or data.get("resultType") != "vector":
+            raise _QueryFailed("bad_response", "not a Prometheus success answer with an instant vector")
         result = data.get("result")
         if not isinstance(result, list):
             raise _QueryFailed("bad_response", "the answer's data.result is not a list")
         return [s for s in result if isinstance(s, dict) and isinstance(s.get("metric"), dict)]
 
-    def _gpu_table(self, kind: SignalKind, series: list[Obj]) -> tuple[dict[GpuKey, tuple[Sample, ...]],
-                                                                       dict[tuple[str, str], int]]:
+    def _gpu_table(self, kind: SignalKind, name: str, series: list[Obj],
+                   table: dict[GpuKey, tuple[Sample, ...]]) -> None:
         s = self.settings
-        names = s.names(kind)
-        table: dict[GpuKey, tuple[Sample, ...]] = {}
-        mig: dict[tuple[str, str], int] = {}
-        for one in series:
-            labels: Mapping[str, Any] = one["metric"]
+        scale = unit_scale(kind, name)
+        for labels, at, value in _samples(series):
             uuid = _label(labels, s.uuid_labels)
-            latest = _latest(one)
-            if uuid is None or latest is None:
+            if uuid is None:
                 continue
             gi_text = _label(labels, s.gpu_instance_labels)
             gi: int | None = None
@@ -439,17 +422,6 @@ class SignalRefresher:
                 if not gi_text.isdigit() or len(gi_text) > 6:
                     continue
                 gi = int(gi_text)
-                if self._mig_uuid is not None:
-                    try:
-                        mig_uuid = self._mig_uuid(uuid, gi)
-                    except Exception:  # a caller's hook must not end the refresh
-                        log.exception("mig_uuid(%s, %s) failed", uuid, gi)
-                        mig_uuid = None
-                    if mig_uuid:
-                        mig[(uuid, mig_uuid)] = gi
-            name = labels.get("__name__")
-            scale = unit_scale(kind, name if isinstance(name, str) else names[0])
-            at, value = latest
             sample = Sample(value * scale, at, _label(labels, s.node_labels))
             key = (uuid, gi)
             existing = table.get(key, ())
@@ -457,53 +429,54 @@ class SignalRefresher:
             if prior is not None and prior.at >= sample.at:
                 continue  # two series for one device and node (e.g. old and new metric name): newest
             table[key] = (*(o for o in existing if o.node != sample.node), sample)
-        return table, mig
 
-    def _node_table(self, kind: SignalKind, series: list[Obj]) -> dict[str, Sample]:
-        table: dict[str, Sample] = {}
-        for one in series:
-            node = _label(one["metric"], self.settings.cost_node_labels)
-            latest = _latest(one)
-            if node is None or latest is None or latest[1] < 0:
+    def _node_table(self, series: list[Obj], table: dict[str, Sample]) -> None:
+        for labels, at, value in _samples(series):
+            node = _label(labels, self.settings.cost_node_labels)
+            if node is None or value < 0:
                 continue
-            at, value = latest
             if node not in table or table[node].at < at:
                 table[node] = Sample(value, at, node)
-        return table
 
     def refresh(self) -> bool:
-        """One round of queries; True when every query answered. Never raises."""
+        """One round of queries (one per metric name); True when every query answered. Never raises."""
         if self._client is None:
             return False
         gpu: dict[SignalKind, Mapping[GpuKey, tuple[Sample, ...]]] = {}
         nodes: dict[SignalKind, Mapping[str, Sample]] = {}
-        mig: dict[tuple[str, str], int] = {}
         ok = True
         for kind in SIGNAL_KINDS:
-            try:
-                series = self._query(kind)
-            except _QueryFailed as exc:
-                ok = False
-                self._failed(kind, exc)
-                if exc.abort_round:
+            gpu_table: dict[GpuKey, tuple[Sample, ...]] = {}
+            node_table: dict[str, Sample] = {}
+            answered = True
+            aborted = False
+            for name in self.settings.names(kind):
+                try:
+                    series = self._query(name)
+                    if kind in NODE_KINDS:
+                        self._node_table(series, node_table)
+                    else:
+                        self._gpu_table(kind, name, series, gpu_table)
+                except _QueryFailed as exc:
+                    answered = False
+                    self._failed(kind, exc)
+                    aborted = exc.abort_round
                     break
-                continue
-            except Exception as exc:  # anything unexpected in a response must not reach the caller
-                ok = False
-                self._failed(kind, _QueryFailed("bad_response", f"{type(exc).__name__}: {exc}"))
-                continue
-            if kind in NODE_KINDS:
-                nodes[kind] = self._node_table(kind, series)
-            else:
-                gpu[kind], kind_mig = self._gpu_table(kind, series)
-                mig.update(kind_mig)
+                except Exception as exc:  # anything unexpected in a response must not reach the caller
+                    answered = False
+                    self._failed(kind, _QueryFailed("bad_response", f"{type(exc).__name__}: {exc}"))
+                    break
+            ok = ok and answered
+            if answered:  # a kind that failed keeps its old samples, which age out
+                if kind in NODE_KINDS:
+                    nodes[kind] = node_table
+                else:
+                    gpu[kind] = gpu_table
+            if aborted:
+                break
         with self._lock:
-            self._gpu.update(gpu)  # kinds that failed keep their old samples, which age out
+            self._gpu.update(gpu)
             self._nodes.update(nodes)
-            if len(gpu) == len(GPU_KINDS):
-                self._mig = MappingProxyType(mig)
-            elif mig:
-                self._mig = MappingProxyType({**self._mig, **mig})
             self._snapshot = None
             self.refreshes += 1
             if ok:
@@ -527,7 +500,7 @@ class SignalRefresher:
         with self._lock:
             if self._snapshot is None:
                 self._snapshot = SignalSnapshot(
-                    gpu=MappingProxyType(dict(self._gpu)), mig=self._mig,
+                    gpu=MappingProxyType(dict(self._gpu)),
                     nodes=MappingProxyType(dict(self._nodes)), fallback_cost=self._fallback,
                     max_age_s=self.settings.max_age_s, clock=self._clock)
             return self._snapshot

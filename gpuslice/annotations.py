@@ -9,7 +9,10 @@ that writes or reads them:
     {"v": 1, "gpus": [{"uuid": "GPU-…", "index": 0, "product": "H100-80GB", "memoryMiB": 81559,
       "mode": "mig", "slices": 7, "healthy": true, "cordoned": false,
       "instances": [{"uuid": "MIG-…", "profile": "3g.40gb", "start": 0, "slices": 3,
-                     "memoryMiB": 40448}]}]}
+                     "memoryMiB": 40448, "gpuInstanceId": 2}]}]}
+
+``gpuInstanceId`` (optional in version 1) is the instance's GPU-instance id, the ``GPU_I_ID`` label of
+its dcgm-exporter series: the extender matches DCGM activity to MIG instances by it.
 
 ``example.com/gpu-slice.assignment`` (pod, written by the extender at bind)::
 
@@ -179,7 +182,7 @@ def encode_inventory(gpus: Iterable[Gpu]) -> str:
             "mode": gpu.mode, "slices": gpu.slices, "healthy": gpu.healthy, "cordoned": gpu.cordoned,
             "instances": [
                 {"uuid": i.uuid, "profile": i.profile, "start": i.start, "slices": i.compute_slices,
-                 "memoryMiB": i.memory_mib}
+                 "memoryMiB": i.memory_mib, **({} if i.gi is None else {"gpuInstanceId": i.gi})}
                 for i in gpu.instances],
         })
     return _dump({"v": VERSION, "gpus": out})
@@ -214,10 +217,11 @@ def decode_inventory(text: object) -> tuple[Gpu, ...]:
             uuid = sys.intern(r.text("uuid"))
             with r.wrapped():
                 _check_owner(uuid, "uuid")
+            gi = r.integer("gpuInstanceId", 0) if "gpuInstanceId" in r.obj else None
             instances.append(MigInstance(uuid=uuid, profile=sys.intern(r.text("profile")),
                                          start=r.integer("start", 0),
                                          compute_slices=r.integer("slices", 1),
-                                         memory_mib=r.integer("memoryMiB", 0)))
+                                         memory_mib=r.integer("memoryMiB", 0), gi=gi))
         # Interned, as pods' assignments name them (text_array), and so are the few products and modes.
         uuid = sys.intern(g.text("uuid"))
         with g.wrapped():

@@ -23,6 +23,10 @@ Reading the file is the services' job; this module only validates a mapping or Y
     prices:
       instanceTypes: {p5.48xlarge: {on-demand: 98.32, spot: 39.3}}   # $/node-hour
       gpuHourly: {H100-80GB: 4.1}                                     # $/GPU-hour fallback
+    migLayouts:                    # per MIG-capable catalogue product; others keep whatever they carry
+      H100-80GB:
+        layout: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]   # the static layout such GPUs carry
+        dynamic: false             # re-cut free slots to Pending demand: not built yet, only false
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from collections.abc import Callable, Collection, Hashable, Mapping
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from gpuslice import ids
@@ -145,6 +149,52 @@ class Prices(_Strict):
         return value
 
 
+class MigLayout(_Strict):
+    """One product's MIG layout: the static layout its GPUs carry (profile names, validated as a real
+    placement on the product; made on the node by the GPU Operator's MIG manager or mig-parted, never
+    by gpu-slice) and whether free placement slots follow demand (``dynamic``: not built yet)."""
+
+    layout: tuple[str, ...] | None = None
+    dynamic: bool = Field(default=False, strict=True)
+
+    @field_validator("dynamic")
+    @classmethod
+    def _static_only(cls, value: bool) -> bool:
+        if value:
+            raise PydanticCustomError(
+                "dynamic_not_built", "dynamic MIG layouts (re-cut to Pending demand) are not built in this "
+                "version; set dynamic: false and keep the layout static", {})
+        return value
+
+
+def _check_mig_layouts(value: dict[str, MigLayout]) -> dict[str, MigLayout]:
+    from gpuslice.model import place_mig_layout
+
+    for name, entry in value.items():
+        if name not in PRODUCTS:
+            raise _unknown_product(name)
+        prod = PRODUCTS[name]
+        if not prod.mig_capable:
+            raise PydanticCustomError("not_mig_capable", "{name} does not support MIG",
+                                      {"name": name, _SUBPATH: name})
+        if entry.layout is None:
+            continue
+        if not entry.layout:
+            raise PydanticCustomError("empty_layout", "list at least one MIG profile",
+                                      {_SUBPATH: f"{name}.layout"})
+        known = [p.name for p in prod.mig_profiles]
+        for n, profile in enumerate(entry.layout):
+            if profile not in known:
+                raise PydanticCustomError(
+                    "unknown_profile", "'{profile}' is not a MIG profile of {name}; known: {known}",
+                    {"profile": profile, "name": name, "known": ", ".join(known), _SUBPATH: f"{name}.layout.{n}"})
+        try:
+            place_mig_layout(name, entry.layout, where=f"the {name} layout")
+        except GpuSliceError as err:
+            raise PydanticCustomError("bad_layout", "{err}", {"err": str(err), _SUBPATH: f"{name}.layout"}) from None
+    return value
+
+
 def _unknown_product(name: str) -> PydanticCustomError:
     return PydanticCustomError("unknown_product", "unknown GPU product '{name}'; known: {known}",
                                {"name": name, "known": ", ".join(PRODUCTS), _SUBPATH: name})
@@ -192,6 +242,12 @@ class Config(_Strict):
         default=60.0, gt=0, le=3600, alias="reservationTTLSeconds", allow_inf_nan=False, strict=True)
     owner_spread: bool = Field(default=True, alias="ownerSpread", strict=True)
     prices: Prices = Field(default_factory=Prices)
+    mig_layouts: dict[str, MigLayout] = Field(default_factory=dict, alias="migLayouts")
+
+    @field_validator("mig_layouts")
+    @classmethod
+    def _mig_layouts(cls, value: dict[str, MigLayout]) -> dict[str, MigLayout]:
+        return _check_mig_layouts(value)
 
     @field_validator("slices")
     @classmethod
@@ -229,6 +285,21 @@ class Config(_Strict):
             path = f"modes.gpus.{uuid}" if uuid in self.modes.gpus else "modes.default"
             raise ConfigError([(path, f"GPU {uuid} is a {product_name}, which does not support mig mode")])
         return mode
+
+    @model_validator(mode="after")
+    def _layouts_are_for_mig_gpus(self) -> Config:
+        for name, entry in self.mig_layouts.items():
+            mode = self.modes.products.get(name) or self.modes.default
+            if entry.layout is not None and mode != "mig":
+                raise PydanticCustomError(
+                    "layout_not_mig", "a MIG layout for {name} GPUs, but modes gives {name} mode {mode}; set "
+                    "modes.products.{name}: mig", {"name": name, "mode": mode, _SUBPATH: f"migLayouts.{name}"})
+        return self
+
+    def mig_layout_for(self, product_name: str) -> tuple[str, ...] | None:
+        """The static MIG layout the config says GPUs of this product carry (None: not said)."""
+        entry = self.mig_layouts.get(product_name)
+        return None if entry is None else entry.layout
 
     def policy_weights(self) -> dict[str, float]:
         """Policy name → weight, in config order."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from gpuslice.errors import DeviceIdError
 
@@ -16,6 +17,8 @@ SEPARATOR = "::"
 MAX_ID_LENGTH = 63  # kubelet's proto comment on Device.ID
 _OWNER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
 _INDEX = re.compile(r"^(0|[1-9][0-9]*)$")
+#: How many decoded ids :func:`decode` keeps (about 200 bytes each): the ids of the nodes in use now.
+DECODED_KEPT = 8192
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -53,6 +56,14 @@ def decode(text: str) -> SliceId:
     """Split ``<uuid>::<n>``; raise ``DeviceIdError`` saying what is wrong."""
     if not isinstance(text, str):
         raise DeviceIdError(f"device id must be a string, got {type(text).__name__}")
+    return _decode(text)
+
+
+@lru_cache(maxsize=DECODED_KEPT)
+def _decode(text: str) -> SliceId:
+    """:func:`decode` of a string. Kept for the ids seen last: a node's usage is recomputed from its
+    pods' ids on every event there, so the same few thousand ids are split again and again (errors
+    are raised, never kept)."""
     if len(text) > MAX_ID_LENGTH:
         raise DeviceIdError(f"device id {text!r} is longer than {MAX_ID_LENGTH} characters")
     owner, sep, index = text.rpartition(SEPARATOR)

@@ -20,13 +20,20 @@ GPU_MODES: tuple[str, ...] = get_args(GpuMode)
 
 @dataclass(frozen=True, slots=True)
 class MigInstance:
-    """An existing GPU instance: its UUID, profile, memory-slice start and size."""
+    """An existing GPU instance: its UUID, profile, memory-slice start and size, and its GPU-instance
+    id (``gi``: NVML's ``nvmlDeviceGetGpuInstanceId``, the ``GPU_I_ID`` label dcgm-exporter puts on
+    the instance's series; None when the plugin that wrote the inventory did not say)."""
 
     uuid: str
     profile: str
     start: int
     compute_slices: int
     memory_mib: int
+    gi: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.gi is not None and (isinstance(self.gi, bool) or not isinstance(self.gi, int) or self.gi < 0):
+            raise InventoryError(f"MIG instance {self.uuid}: GPU-instance id must be an integer >= 0, got {self.gi!r}")
 
     def slice_ids(self) -> tuple[str, ...]:
         return ids.encode_all(self.uuid, self.compute_slices)
@@ -128,6 +135,36 @@ def validate_mig_layout(product_name: str, instances: Iterable[MigInstance], *, 
         raise CatalogueError(f"{where}: at most one media-extension (+me) instance per GPU")
     if sum(prod.profile(i.profile).compute_slices for i in instances) > prod.compute_slices:
         raise CatalogueError(f"{where}: instances hold more than {prod.compute_slices} compute slices")
+
+
+def place_mig_layout(product_name: str, profiles: Iterable[str], *, where: str) -> tuple[tuple[str, int], ...]:
+    """Legal memory-slice starts for a layout given by profile names (the config's ``migLayouts``),
+    largest profiles first, each at its first start that fits; ``CatalogueError`` naming the profile
+    when no placement exists (or the layout breaks a count rule of :func:`validate_mig_layout`)."""
+    prod = product(product_name)
+    names = list(profiles)
+    order = sorted(range(len(names)), key=lambda n: (-prod.profile(names[n]).memory_slices, n))
+    starts: dict[int, int] = {}
+
+    def place(k: int, used: frozenset[int]) -> bool:
+        if k == len(order):
+            return True
+        prof = prod.profile(names[order[k]])
+        for start in prof.starts:
+            covered = prof.covers(start)
+            if covered <= frozenset(range(prod.memory_slices)) and not covered & used:
+                starts[order[k]] = start
+                if place(k + 1, used | covered):
+                    return True
+        return False
+
+    if not place(0, frozenset()):
+        raise CatalogueError(f"{where}: {', '.join(names)} cannot all be placed on one {product_name} (no legal "
+                             "memory-slice starts leave room for every instance)")
+    instances = [MigInstance(f"MIG-layout-{n}", name, starts[n], prod.profile(name).compute_slices,
+                             prod.profile(name).memory_mib) for n, name in enumerate(names)]
+    validate_mig_layout(product_name, instances, where=where)
+    return tuple((name, starts[n]) for n, name in enumerate(names))
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from gpuslice.config import Config
 from gpuslice.errors import GpuSliceError, InventoryError
 from gpuslice.kubelist import with_cordon
 from gpuslice.model import Gpu, NodeInventory
+from gpuslice.noderules import NodeRules, node_rules
 from gpuslice.packing.state import NodeSpec
 from gpuslice.pods import expect_object, in_range
 from gpuslice.units import MIB, parse_quantity
@@ -42,6 +43,7 @@ class NodeInfo:
     inventory: NodeInventory | None
     error: str = ""
     decoded: tuple[Gpu, ...] = ()  # its GPUs before the cordon annotation is applied
+    rules: NodeRules | None = None  # taints, cordon and labels: who may run here (None: unreadable)
 
 
 def _obj(value: object, where: str) -> Mapping[str, Any]:
@@ -94,6 +96,11 @@ def slim(node: Mapping[str, Any]) -> Mapping[str, Any]:
         return node
     out_meta = {k: meta[k] for k in ("name", "uid", "resourceVersion", "labels", "annotations") if k in meta}
     out: dict[str, Any] = {"kind": "Node", "metadata": out_meta}
+    spec = node.get("spec")
+    if isinstance(spec, Mapping):
+        out["spec"] = {k: spec[k] for k in ("taints", "unschedulable") if k in spec}
+    elif spec is not None:
+        out["spec"] = spec
     if isinstance(status, Mapping):
         out["status"] = {"allocatable": status["allocatable"]} if "allocatable" in status else {}
     elif status is not None:
@@ -137,6 +144,7 @@ def project_node(node: Mapping[str, Any], *, config: Config | None = None,
         if not isinstance(product, str):
             raise InventoryError(f"label {ann.PRODUCT_LABEL} must be a string")
         cost = node_price(labels, annotations, inventory, config)
+        rules = node_rules(node)
     except GpuSliceError as err:
         return NodeInfo(name, NodeSpec(name, 0, 0), None, f"node {name}: {err}")
-    return NodeInfo(name, NodeSpec(name, cpu, mem, product, cost), inventory, "", decoded)
+    return NodeInfo(name, NodeSpec(name, cpu, mem, product, cost), inventory, "", decoded, rules)

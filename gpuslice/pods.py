@@ -16,6 +16,7 @@ the field; it never raises anything else.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -191,6 +192,26 @@ class PodInfo:
     contract: tuple[object, object]
     error: str = ""  # why the slice request could not be read ("" when fine)
     resource_version: str = ""  # the API server's version of the object: an unchanged pod is not read again
+    # Its labels as sorted (key, value) pairs, one shared tuple per distinct set (PodDisruptionBudgets
+    # select victims by them), and whether it is being deleted (``metadata.deletionTimestamp``).
+    labels: tuple[tuple[str, str], ...] = ()
+    terminating: bool = False
+    # Where it may run: its tolerations, nodeSelector and required node affinity as canonical JSON
+    # (one shared string per distinct set; "" for none), which ``/bind`` checks against the node.
+    constraints: str = ""
+
+    def scheduling_spec(self) -> Mapping[str, Any]:
+        """The pod's scheduling constraints as a pod mapping (``{"spec": {...}}``) for
+        :func:`gpuslice.noderules.refusal`."""
+        return {"spec": json.loads(self.constraints) if self.constraints else {}}
+
+    @property
+    def namespace(self) -> str:
+        return self.label.split("/", 1)[0]
+
+    @property
+    def name(self) -> str:
+        return self.label.split("/", 1)[1]
 
     @property
     def terminal(self) -> bool:
@@ -213,8 +234,26 @@ class PodInfo:
 
 
 _KEPT_ANNOTATIONS = frozenset({ann.ASSIGNMENT_KEY, ann.ALLOCATED_KEY, MEMORY_KEY, ISOLATION_KEY})
-_KEPT_META = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "ownerReferences")
-_KEPT_SPEC = ("nodeName", "nodeSelector", "priority", "overhead", "schedulerName")
+_KEPT_META = ("name", "namespace", "uid", "resourceVersion", "creationTimestamp", "ownerReferences", "labels",
+              "deletionTimestamp")
+#: One tuple per distinct label set (the pods of one ReplicaSet share theirs); bounded, beyond which a
+#: new set is kept per pod.
+_LABEL_SETS: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
+_MAX_LABEL_SETS = 1 << 16
+
+
+def _labels(meta: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    raw = meta.get("labels")
+    if not isinstance(raw, Mapping) or not raw:
+        return ()
+    items = tuple(sorted((str(k), v) for k, v in raw.items() if isinstance(v, str)))
+    shared = _LABEL_SETS.get(items)
+    if shared is not None:
+        return shared
+    if len(_LABEL_SETS) < _MAX_LABEL_SETS:
+        _LABEL_SETS[items] = items
+    return items
+_KEPT_SPEC = ("nodeName", "nodeSelector", "priority", "overhead", "schedulerName", "tolerations")
 
 
 def _slim_containers(value: object) -> object:
@@ -298,7 +337,32 @@ def project(pod: Mapping[str, Any], *, isolation_default: Isolation = "any") -> 
         uid = assignment.pod_uid
     return PodInfo(uid, label, node, phase, priority, owner, cpu, mem, products, request,
                    created if isinstance(created, str) else "", contract, error,
-                   rv if isinstance(rv := meta.get("resourceVersion"), str) else "")
+                   rv if isinstance(rv := meta.get("resourceVersion"), str) else "", _labels(meta),
+                   meta.get("deletionTimestamp") is not None, _constraints(spec))
+
+
+def _constraints(spec: Mapping[str, Any]) -> str:
+    """The spec's tolerations, nodeSelector and required node affinity as canonical JSON, interned
+    (pods of one owner share one string); "" when it has none. Values of the wrong shape are kept as
+    they are, for :func:`gpuslice.noderules.refusal` to name."""
+    out: dict[str, Any] = {}
+    for key in ("tolerations", "nodeSelector"):
+        if spec.get(key):
+            out[key] = spec[key]
+    affinity = spec.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    required = (node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+                if isinstance(node_affinity, Mapping) else None)
+    if required is not None:
+        out["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+    elif affinity is not None and not isinstance(affinity, Mapping):
+        out["affinity"] = affinity
+    if not out:
+        return ""
+    try:
+        return sys.intern(json.dumps(out, sort_keys=True, separators=(",", ":")))
+    except (TypeError, ValueError):
+        return sys.intern(json.dumps({"tolerations": "unreadable"}))
 
 
 def _decoded(raw: object, decode: Callable[[object], object]) -> object:

@@ -53,7 +53,7 @@ def _kinds_text(kinds: set[int]) -> str:
 
 # Cause codes, in the order they are tested; the first HARD ones are unresolvable.
 (GONE, PRODUCT, CPU_CAP, MEM_CAP, NO_GPUS, MULTI, ISOLATION, SIZE, MEMORY, HARD,
- CORDON, OWNER, BUSY_MULTI, BUSY_MPS, BUSY_MIG, BUSY_WHOLE, CPU, MEM, OK) = range(19)
+ CORDON, OWNER, BUSY_MULTI, LAYOUT_BUSY, BUSY_MPS, BUSY_MIG, BUSY_WHOLE, CPU, MEM, OK) = range(20)
 _KIND_BITS = {KIND_MPS: 1, KIND_WHOLE: 2, KIND_MIG: 4}
 
 
@@ -152,6 +152,12 @@ def explain(state: ClusterState, req: PackRequest, fit: Fit, rows: I64) -> Expla
         else:
             mps_static = static & (kind == KIND_MPS)
             most = np.where(mps_static, free, -1).max(axis=1)
+            # MIG GPUs whose layout has no instance of the size: waiting frees nothing there, so
+            # the sentence must say so before naming what is busy elsewhere on the node.
+            wrong_size = (real & iso_ok & (kind == KIND_MIG) & ~size_ok).any(axis=1)
+            right_size = (static & (kind == KIND_MIG)).any(axis=1)
+            assign(gpu_bad & static.any(axis=1) & wrong_size & ~right_size, LAYOUT_BUSY,
+                   np.where(mps_static.any(axis=1), np.maximum(most, 0), -1), mig_sizes, state.node_product[rows])
             assign(gpu_bad & mps_static.any(axis=1), BUSY_MPS, np.maximum(most, 0))
             assign(gpu_bad & (static & (kind == KIND_MIG)).any(axis=1), BUSY_MIG)
             assign(gpu_bad, BUSY_WHOLE)
@@ -183,6 +189,17 @@ def _groups(columns: Sequence[I64]) -> tuple[I64, I64]:
     return first.astype(np.int64), inverse.reshape(-1).astype(np.int64)
 
 
+def _layout_text(state: ClusterState, k: int, size_bits: int, product: int) -> str:
+    """Why no MIG instance of the node takes ``k`` slices: its product has no such profile, or its
+    layout has no such instance; in either case waiting for pods to leave will not help."""
+    name = state.products[product]
+    profiles = _profile_sizes(name)
+    if profiles and k not in profiles:
+        return (f"no MIG profile of {name} has {k} compute slices (profiles: {', '.join(map(str, profiles))})")
+    return (f"no MIG instance here has {k} compute slices (instances here: "
+            f"{', '.join(map(str, _ones(size_bits)))}; the layout would have to change)")
+
+
 def _word(state: ClusterState, req: PackRequest, code: int, a: int, b: int, c: int) -> str:
     """The operator's sentence for one cause and its numbers."""
     s = state.slices_per_gpu
@@ -211,14 +228,7 @@ def _word(state: ClusterState, req: PackRequest, code: int, a: int, b: int, c: i
         mig_sizes = _ones(a)
         parts = []
         if mig_sizes:
-            name = state.products[c]
-            profiles = _profile_sizes(name)
-            if profiles and k not in profiles:
-                parts.append(f"no MIG profile of {name} has {k} compute slices (profiles: "
-                             f"{', '.join(map(str, profiles))})")
-            else:
-                parts.append(f"no MIG instance here has {k} compute slices (instances here: "
-                             f"{', '.join(map(str, mig_sizes))}; the layout would have to change)")
+            parts.append(_layout_text(state, k, a, c))
         if b:
             parts.append(f"whole-mode GPUs are given only whole ({s} slices)")
         return f"no GPU here can take exactly {k} slices: {', and '.join(parts)}"
@@ -233,6 +243,10 @@ def _word(state: ClusterState, req: PackRequest, code: int, a: int, b: int, c: i
         return f"every fitting GPU already runs a pod of {req.owner} (owner-spread rule)"
     if code == BUSY_MULTI:
         return f"slices in use: {a} of the {req.gpus} whole GPUs needed are free"
+    if code == LAYOUT_BUSY:
+        busy = (f"no MPS GPU has {k} free slices now (at most {a} of {s} free)" if a >= 0
+                else "every fitting whole GPU is taken now")
+        return f"{_layout_text(state, k, b, c)}, so waiting will not help on the MIG GPUs; and {busy}"
     if code == BUSY_MPS:
         return f"slices in use: no fitting GPU has {k} free slices (at most {a} of {s} free)"
     if code == BUSY_MIG:

@@ -16,6 +16,7 @@ The rules, each refused with a message that names the container or key at fault:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -27,6 +28,11 @@ from gpuslice.units import parse_quantity, quantity_to_mib
 RESOURCE = "example.com/gpu-slice"
 MEMORY_KEY = "example.com/gpu-memory"
 ISOLATION_KEY = "example.com/gpu-isolation"
+
+#: A GPU memory floor below this is a unit slip (a bare ``20`` is 20 bytes), refused with a hint.
+MIN_MEMORY_MIB = 1
+_UNIT_SLIP = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KkMmGgTtPpEe])[iI]?[bB]?\s*")
+_LEADING_NUMBER = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)")
 
 Isolation = Literal["mig", "mps", "any"]
 ISOLATIONS: tuple[str, ...] = get_args(Isolation)
@@ -46,6 +52,41 @@ class SliceRequest:
             raise RequestError(f"{RESOURCE} must be at least 1, got {self.slices}")
         if self.isolation not in ISOLATIONS:
             raise RequestError(f"{ISOLATION_KEY} must be one of {', '.join(ISOLATIONS)}, got {self.isolation!r}")
+
+
+def memory_hint(value: object) -> str:
+    """The quantity a memory floor probably meant ("" when there is no guess): ``20GB``, ``20 gb``,
+    ``20GiB`` and ``20G B`` -> ``20Gi``; a bare number (bytes) -> that many ``Gi``. The shipped
+    admission policy (manifests/admission) words the same hint."""
+    if not isinstance(value, str | int) or isinstance(value, bool):
+        return ""
+    text = str(value)
+    slip = _UNIT_SLIP.fullmatch(text)
+    if slip is not None:
+        return f"{slip.group(1)}{slip.group(2).upper()}i"
+    bare = _LEADING_NUMBER.match(text)
+    return f"{bare.group(1)}Gi" if bare is not None else ""
+
+
+def _did_you_mean(value: object) -> str:
+    hint = memory_hint(value)
+    return f"; did you mean '{hint}'?" if hint and hint != str(value) else ""
+
+
+def memory_floor(value: object) -> Fraction:
+    """The ``example.com/gpu-memory`` annotation in MiB; ``RequestError`` with the unit it probably
+    meant when it is not a quantity, not positive, or below 1Mi."""
+    what = f"annotation {MEMORY_KEY}"
+    try:
+        memory = quantity_to_mib(value, what=what)
+    except RequestError as err:
+        raise RequestError(f"{err}{_did_you_mean(value)}") from None
+    if memory <= 0:
+        raise RequestError(f"{what} must be positive, got {value!r}")
+    if memory < MIN_MEMORY_MIB:
+        raise RequestError(f"{what}: {value!r} is less than 1Mi"
+                           f"{_did_you_mean(value)}")
+    return memory
 
 
 def _container_count(container: Mapping[str, Any], where: str) -> int:
@@ -138,9 +179,7 @@ def parse_request(pod: Mapping[str, Any], *, isolation_default: Isolation = "any
         return None
     memory: Fraction | None = None
     if MEMORY_KEY in annotations:
-        memory = quantity_to_mib(annotations[MEMORY_KEY], what=f"annotation {MEMORY_KEY}")
-        if memory <= 0:
-            raise RequestError(f"annotation {MEMORY_KEY} must be positive, got {annotations[MEMORY_KEY]!r}")
+        memory = memory_floor(annotations[MEMORY_KEY])
     isolation = annotations.get(ISOLATION_KEY, isolation_default)
     if isolation not in ISOLATIONS:
         raise RequestError(f"annotation {ISOLATION_KEY} must be one of {', '.join(ISOLATIONS)}, got {isolation!r}")

@@ -10,7 +10,8 @@ Times are seconds on the caller's clock (the core has none).
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 #: The config's ``reservationTTLSeconds`` default; the one place the number lives.
 DEFAULT_TTL_S = 60.0
@@ -30,6 +31,12 @@ class Reservation:
     memory_mib: int
     owner: str
     expires: float
+    #: The policy breakdown that chose this placement (policy -> score, and ``total``), written into
+    #: the assignment at bind so an operator sees why it won; not part of what is held.
+    scores: Mapping[str, float] = field(default_factory=dict, compare=False)
+    #: Slices freed by preemption and held for the preemptor: kept across its filters until it is
+    #: placed, deleted, or the hold expires (a filter reservation is given up at the pod's next filter).
+    nominated: bool = False
 
 
 class Reservations:

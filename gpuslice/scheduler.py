@@ -11,8 +11,11 @@ what they have learned, and the narrowing rule:
 * :meth:`Scheduler.prioritize`: 0..10 per node, the chosen node first;
 * :meth:`Scheduler.bind_check`: the placement to write at ``/bind`` (the reservation, else the
   best free one), after fencing and the same-size rule, as an :class:`Assignment`;
-* :meth:`Scheduler.preempt`: per node, the fewest lower-priority pods whose slices free one valid
-  placement.
+* :meth:`Scheduler.preempt`: per node kube-scheduler proposes, the lower-priority pods whose eviction
+  frees one valid placement, by kube-scheduler's rules (:mod:`gpuslice.preemption`);
+  :meth:`Scheduler.shape_preemption` and :meth:`Scheduler.nominate`: the same rules for the shortfall
+  kube-scheduler never asks about (enough slices by count, none in a usable shape), with the freed
+  slices held for the preemptor.
 
 The ``*_request`` methods take a :class:`PackRequest` and node rows; the simulator calls those.
 The pod-level methods take a pod mapping and node names; the extender calls those. Both run the
@@ -21,7 +24,7 @@ same code below them, so what ``gpu-slice simulate`` predicts is what the extend
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import repeat
@@ -30,10 +33,12 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from gpuslice import noderules
 from gpuslice.annotations import Assignment
 from gpuslice.config import Config, default_config
-from gpuslice.counting import bind_conflicts
+from gpuslice.counting import bind_conflicts, unstamped_same_size
 from gpuslice.decision import NarrowConfig, NodeBest, best_per_node, narrowed_filter, node_key, priority_scores
+from gpuslice.disruption import Budget
 from gpuslice.errors import GpuSliceError, RequestError
 from gpuslice.packing.first_fit import PublishedOrder
 from gpuslice.packing.state import Candidates, ClusterState, Fit, PackRequest, enumerate_candidates
@@ -41,6 +46,7 @@ from gpuslice.placement import Placement
 from gpuslice.pods import PodInfo, project
 from gpuslice.policies.base import PolicyContext
 from gpuslice.policies.registry import Weighted, resolve
+from gpuslice.preemption import NOMINATION_TTL_S, NodeVictims, pick_node, victims_on
 from gpuslice.reasons import Explained, explain
 from gpuslice.requests import SliceRequest
 from gpuslice.reservations import DEFAULT_TTL_S, Reservation, Reservations
@@ -52,6 +58,7 @@ F64 = NDArray[np.float64]
 
 NARROWED_OUT = "fits, but gpu-slice hands kube-scheduler only the best-packed node"
 UNKNOWN_NODE = "node is not known to gpu-slice yet (its watch has not seen it)"
+WAITING = "the slices gpu-slice preempted here are held for this pod; waiting for the preempted pods to leave"
 
 
 class Holder(Protocol):
@@ -115,6 +122,13 @@ class Ranked:
     best: NodeBest
     score: F64
     secondary: F64
+    parts: Mapping[str, F64] = field(default_factory=dict)  # each policy's own score per candidate
+
+    def breakdown(self, i: int) -> dict[str, float]:
+        """Candidate ``i``'s score per policy and the combined ``total``: the assignment's ``scores``."""
+        out = {name: round(float(arr[i]), 6) for name, arr in self.parts.items()}
+        out["total"] = round(float(self.score[i]), 6)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,13 +155,25 @@ class FilterResult:
     error: str = ""
 
 
+#: ``BindPlan.code``: a short, fixed name per kind of refusal (metric labels, rate-limited logs).
+BIND_REFUSALS = ("fencing", "request", "no_slices", "assigned_elsewhere", "unknown_node", "node_unusable",
+                 "node_rules", "no_fit", "same_size")
+
+
 @dataclass(frozen=True, slots=True)
 class BindPlan:
-    """What ``/bind`` writes (``assignment``), or why it refuses (``refusal``; the scheduler retries)."""
+    """What ``/bind`` writes (``assignment``), or why it refuses (``refusal``, of kind ``code``, one of
+    :data:`BIND_REFUSALS`; the scheduler retries)."""
 
     assignment: Assignment | None = None
     refusal: str = ""
     already: bool = False  # the pod already carries this assignment: answer without writing
+    code: str = ""
+
+    @property
+    def usage_dependent(self) -> bool:
+        """A refusal that a fresher view of the node's pods could turn around (worth a re-read)."""
+        return self.code in ("no_fit", "same_size")
 
 
 class Scheduler:
@@ -224,9 +250,9 @@ class Scheduler:
             cands = self.devices.candidates(st, req, fit, node_mask)
         if len(cands) == 0:
             return Ranked(fit, cands, best_per_node(cands, np.zeros(0)), np.zeros(0), np.zeros(0))
-        score = self.policy.score(st, req, cands, self.memory)
+        score, parts = self.policy.score_parts(st, req, cands, self.memory)
         secondary = self.policy.secondary(st, req, cands, self.memory)
-        return Ranked(fit, cands, best_per_node(cands, score, secondary), score, secondary)
+        return Ranked(fit, cands, best_per_node(cands, score, secondary), score, secondary, parts)
 
     def _token(self) -> tuple[int, int, int, object]:
         """Everything a ranking depends on besides the request: the state and what the policies know."""
@@ -252,15 +278,17 @@ class Scheduler:
     def narrowed(self, ranked: Ranked) -> NodeBest:
         return narrowed_filter(ranked.best, self.node_keys(), self.narrow)
 
-    def reservation_for(self, req: PackRequest, node: int, units: Sequence[int], now: float) -> Reservation:
-        """A reservation of ``units`` on node row ``node`` for ``req``, by stable keys (and ids in a view)."""
+    def reservation_for(self, req: PackRequest, node: int, units: Sequence[int], now: float,
+                        scores: Mapping[str, float] | None = None) -> Reservation:
+        """A reservation of ``units`` on node row ``node`` for ``req``, by stable keys (and ids in a view);
+        ``scores``: the breakdown that chose it, which the assignment carries at bind."""
         st = self.state
         keys = tuple((st.unit_gpu[u], st.unit_instance[u]) for u in units)
         sids: tuple[str, ...] = ()
         if isinstance(self.cluster, ClusterView):
             sids = self._pick_ids(st.node_names[node], units, req.slices)
         return Reservation(req.uid, st.node_names[node], keys, req.slices, sids, req.cpu_milli, req.memory_mib,
-                           req.owner, now + self.cluster.reservations.ttl_s)
+                           req.owner, now + self.cluster.reservations.ttl_s, dict(scores or {}))
 
     def _pick_ids(self, name: str, units: Sequence[int], slices: int) -> tuple[str, ...]:
         view = self.cluster
@@ -281,7 +309,8 @@ class Scheduler:
         A pod filtered again (kube-scheduler retries after a refused bind) gives up its earlier
         reservation first, so it is never refused for the slices it holds itself."""
         self.cluster.expire(now)
-        if reserve and req.uid:
+        held = self.cluster.reservations.get(req.uid) if req.uid else None
+        if reserve and req.uid and not (held is not None and held.nominated):
             self.cluster.release(req.uid)
         st = self.state
         mask: NDArray[np.bool_] | None = None
@@ -293,7 +322,7 @@ class Scheduler:
         if reserve and chosen.node.shape[0] and req.uid:
             i = int(chosen.index[0])
             self.cluster.hold(self.reservation_for(req, int(ranked.cands.node[i]), ranked.cands.units[i].tolist(),
-                                                   now))
+                                                   now, ranked.breakdown(i) if ranked.parts else None))
         # The token is read after the hold, which belongs to this pod's cycle: prioritize then gives
         # the other nodes the scores they had before it, what placing the pod there instead would
         # give (it is placed once, not twice).
@@ -403,7 +432,7 @@ class Scheduler:
                 unresolvable[name] = err or f"node {name} has no slices"
         return found[found >= 0], failed, unresolvable
 
-    def filter(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float) -> FilterResult:
+    def filter(self, pod: Mapping[str, Any] | PodInfo, node_names: Sequence[str], now: float) -> FilterResult:
         """The extender's ``/filter`` for one pod over kube-scheduler's candidate nodes."""
         try:
             _, req = self.request_of(pod)
@@ -412,6 +441,12 @@ class Scheduler:
         if req is None:  # not ours to place: every node passes
             return FilterResult(feasible=tuple(node_names))
         row_arr, failed, unresolvable = self._rows(node_names)
+        waiting = self._nominated(req, row_arr, now)
+        if isinstance(waiting, FilterResult):
+            return waiting
+        if waiting is not None:  # the victims have not left the held node yet: the others may still take it
+            failed = {**failed, self.state.node_names[waiting]: WAITING}
+            row_arr = row_arr[row_arr != waiting]
         chosen, ranked, refused = self.filter_request(req, row_arr, now)
         names = self._name_array()
         feasible = tuple(names[chosen.node].tolist())
@@ -426,6 +461,27 @@ class Scheduler:
             failed.update(dict.fromkeys(names[out].tolist(), NARROWED_OUT))
         res = self.cluster.reservations.get(req.uid)
         return FilterResult(feasible, failed, unresolvable, res)
+
+    def _nominated(self, req: PackRequest, rows: I64, now: float) -> FilterResult | int | None:
+        """A pod holding slices freed by preemption (:meth:`nominate`) is placed there once its victims
+        have left: the filter answers that node alone. While they have not, the held node's row is
+        returned (the caller refuses it and filters the others). None: no hold, or one on a node not
+        among ``rows`` (the pod is filtered as usual)."""
+        view = self._view()
+        held = view.reservations.get(req.uid)
+        if held is None or not held.nominated:
+            return None
+        row = self.state.node_index.get(held.node, -1)
+        if row < 0 or not bool(np.any(rows == row)):
+            return None
+        if any(view.holder(held.node, sid) not in (None, req.uid) for sid in held.slice_ids):
+            return row
+        view.release(req.uid)
+        chosen, _, _ = self.filter_request(req, np.array([row], dtype=np.int64), now, explain_refused=False)
+        if chosen.node.shape[0]:
+            res = view.reservations.get(req.uid)
+            return FilterResult((held.node,), {}, {}, res)
+        return None  # the held node no longer takes it (CPU went elsewhere, say): filter as usual
 
     def prioritize(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float) -> list[tuple[str, int]]:
         """The extender's ``/prioritize``: (node, 0..10) for every node given, unknown nodes 0."""
@@ -442,40 +498,51 @@ class Scheduler:
             out[known] = self.prioritize_request(req, found[known], now)
         return list(zip(node_names, out.tolist(), strict=True))
 
-    def bind_check(self, pod: Mapping[str, Any], node: str, now: float, *, lease_held: bool = True,
+    def bind_check(self, pod: Mapping[str, Any] | PodInfo, node: str, now: float, *, lease_held: bool = True,
                    lease: str = "") -> BindPlan:
         """The assignment ``/bind`` should write for ``pod`` on ``node``, or why not.
 
-        ``pod`` is the pod as re-read from the API server. Refuses when this scheduler does not hold
-        its Lease (fencing), when the node is unknown or has no fitting free placement, and under the
-        same-size rule (DESIGN 3)."""
+        ``pod`` is the view's own projection of the pod (the watched view decides), or the pod as read
+        from the API server when the view does not hold it (it is upserted first). Refuses when this
+        scheduler does not hold its Lease (fencing), when the node is unknown or has no fitting free
+        placement, and under the same-size rule (DESIGN 3)."""
         view = self._view()
         if not lease_held:
             return BindPlan(refusal=f"this scheduler does not hold its lease{' ' + lease if lease else ''}; "
-                                    "another replica is leading")
+                                    "another replica is leading", code="fencing")
         try:
             info, req = self.request_of(pod)
         except GpuSliceError as err:
-            return BindPlan(refusal=str(err))
+            return BindPlan(refusal=str(err), code="request")
         if req is None or info.request is None:
-            return BindPlan(refusal=f"pod {info.label} asks no slices; gpu-slice does not bind it")
-        view.upsert_pod(pod, now)
+            return BindPlan(refusal=f"pod {info.label} asks no slices; gpu-slice does not bind it", code="no_slices")
+        if view.pod(info.uid) is not pod:
+            view.upsert_pod(pod, now)
         claim = view.claim(info.uid)
         if claim is not None and claim.assignment is not None:
             if claim.assignment.node == node:
                 return BindPlan(assignment=claim.assignment, already=True)
-            return BindPlan(refusal=f"pod {info.label} is already assigned to node {claim.assignment.node}")
+            return BindPlan(refusal=f"pod {info.label} is already assigned to node {claim.assignment.node}",
+                            code="assigned_elsewhere")
         node_err = view.node_error(node)
         if node_err is None:
-            return BindPlan(refusal=UNKNOWN_NODE)
+            return BindPlan(refusal=UNKNOWN_NODE, code="unknown_node")
         if node_err:
-            return BindPlan(refusal=node_err)
+            return BindPlan(refusal=node_err, code="node_unusable")
+        # Whoever called /bind: the node's taints, cordon, node selector and required affinity.
+        rules = view.node_rules(node)
+        spec = info.scheduling_spec() if isinstance(pod, PodInfo) else pod
+        why = noderules.refusal(spec, rules) if rules is not None else f"node {node}'s rules cannot be read"
+        if why:
+            view.release(info.uid)
+            return BindPlan(refusal=why, code="node_rules")
         held = view.reservations.get(info.uid)
         placement: Placement | None = None
         scores: dict[str, float] = {}
         if held is not None and held.node == node and all(view.holder(node, s) in (None, info.uid)
                                                            for s in held.slice_ids):
             placement = self._placement(node, held.slice_ids)
+            scores = dict(held.scores)
         if placement is None:
             if held is not None:
                 view.release(info.uid)
@@ -485,16 +552,16 @@ class Scheduler:
             ranked = self.rank(req, mask)
             if len(ranked.cands) == 0:
                 ex = explain(self.state, req, ranked.fit, np.array([v], dtype=np.int64))
-                return BindPlan(refusal=ex.texts[0] or "no fitting free placement on the node")
+                return BindPlan(refusal=ex.texts[0] or "no fitting free placement on the node", code="no_fit")
             i = int(ranked.best.index[0])
-            r = self.reservation_for(req, v, ranked.cands.units[i].tolist(), now)
+            scores = ranked.breakdown(i)
+            r = self.reservation_for(req, v, ranked.cands.units[i].tolist(), now, scores)
             view.hold(r)
             placement = self._placement(node, r.slice_ids)
-            scores = {self.policy.name: float(ranked.score[i])}
         assert placement is not None
-        inventory = view.inventory(node)
         holdings = view.holdings(node)
-        if holdings.held:
+        if unstamped_same_size(holdings, info.request.slices, exclude_uid=info.uid):
+            inventory = view.inventory(node)  # built only when the same-size rule has a pod to weigh
             requests: dict[str, SliceRequest] = {}
             for uid in holdings.held:
                 p = view.pod(uid)
@@ -506,7 +573,8 @@ class Scheduler:
                 names = ", ".join(h.pod for h in clash)
                 view.release(info.uid)  # kube-scheduler retries from filter, which reserves afresh
                 return BindPlan(refusal=f"same-size rule: {names} on {node} ask the same {info.request.slices} "
-                                        "slices and kubelet has not admitted them yet; retry after it has")
+                                        "slices and kubelet has not admitted them yet; retry after it has",
+                                code="same_size")
         view.extend(info.uid, now)
         when = datetime.fromtimestamp(now, UTC)
         return BindPlan(Assignment(info.uid, node, placement.gpus, placement.instance, placement.slice_ids,
@@ -515,7 +583,7 @@ class Scheduler:
     def _placement(self, node: str, slice_ids: Sequence[str]) -> Placement | None:
         """The placement those ids form on the node (None when they form none)."""
         view = self._view()
-        inv = view.inventory(node)
+        inv = view.layout(node)
         try:
             gpus = []
             for sid in slice_ids:
@@ -537,27 +605,76 @@ class Scheduler:
         return Placement(node, "whole", tuple(g.uuid for g in gpus), None, tuple(slice_ids),
                          sum(g.memory_mib for g in gpus))
 
-    def preempt(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float) -> dict[str, list[str]]:
-        """Per node, the fewest pods of lower priority whose removal lets ``pod`` fit; nodes where no
-        such set exists are left out. Victims are pod UIDs."""
-        from gpuslice.preemption import victims_on
-
+    def _preemptor(self, pod: Mapping[str, Any]) -> tuple[PodInfo, PackRequest] | None:
+        """The pod's projection and request when it may preempt (it asks slices, and its
+        ``preemptionPolicy`` is not ``Never``), else None."""
         try:
             info, req = self.request_of(pod)
         except GpuSliceError:
+            return None
+        spec = pod.get("spec")
+        if req is None or (isinstance(spec, Mapping) and spec.get("preemptionPolicy") == "Never"):
+            return None
+        return info, req
+
+    def preempt(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float, *,
+                allowed: Mapping[str, Collection[str]] | None = None,
+                budgets: Sequence[Budget] = ()) -> dict[str, NodeVictims]:
+        """The extender's ``/preempt``: per node, the victims that let ``pod`` in (see
+        :func:`gpuslice.preemption.victims_on`), only among ``allowed[node]`` where given (kube-scheduler's
+        proposal); nodes where no set does are left out. A pod with ``preemptionPolicy: Never`` gets none."""
+        got = self._preemptor(pod)
+        if got is None:
             return {}
-        if req is None:
-            return {}
+        info, req = got
         view = self._view()
         self.cluster.expire(now)
-        out: dict[str, list[str]] = {}
+        out: dict[str, NodeVictims] = {}
         for name in node_names:
             if view.node_row(name) < 0:
                 continue
-            found = victims_on(view, req, info.priority, name, now)
-            if found:
+            only = None if allowed is None else allowed.get(name)
+            found = victims_on(view, req, info.priority, name, budgets, allowed=only)
+            if found is not None:
                 out[name] = found
         return out
+
+    def shape_preemption(self, pod: Mapping[str, Any], node_names: Sequence[str], now: float, *,
+                         budgets: Sequence[Budget] = ()) -> NodeVictims | None:
+        """The node and victims for a pod that fits nowhere by shape though kube-scheduler counts enough
+        slices (so it never preempts for it): among ``node_names`` (the nodes kube-scheduler's own filters
+        passed), those the pod may run on whose victims break no PodDisruptionBudget, chosen as
+        kube-scheduler chooses (:func:`gpuslice.preemption.pick_node`). None: preemption cannot help."""
+        got = self._preemptor(pod)
+        if got is None:
+            return None
+        info, req = got
+        view = self._view()
+        self.cluster.expire(now)
+        options = []
+        for name in node_names:
+            rules = view.node_rules(name)
+            if view.node_row(name) < 0 or rules is None or noderules.refusal(pod, rules):
+                continue
+            found = victims_on(view, req, info.priority, name, budgets)
+            if found is not None and found.violations == 0:
+                options.append(found)
+        return pick_node(options)
+
+    def nominate(self, pod: Mapping[str, Any], chosen: NodeVictims, now: float,
+                 ttl_s: float = NOMINATION_TTL_S) -> Reservation:
+        """Hold the slices ``chosen``'s victims free for ``pod``: counted at once for every other pod,
+        kept across the pod's filters until it is placed, deleted, or ``ttl_s`` passes."""
+        info, req = self.request_of(pod)
+        if req is None:
+            raise RequestError(f"pod {info.label} asks no slices")
+        view = self._view()
+        st = self.state
+        keys = tuple((st.unit_gpu[u], st.unit_instance[u]) for u in chosen.units)
+        r = Reservation(req.uid, chosen.node, keys, req.slices, chosen.slice_ids, req.cpu_milli, req.memory_mib,
+                        req.owner, now + ttl_s, nominated=True)
+        view.hold(r)
+        return r
 
 
 def pods_as_requests(view: ClusterView, *, owner_spread: bool = True) -> list[PackRequest]:

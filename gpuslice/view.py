@@ -9,14 +9,22 @@ nodes are reclaimed by a rebuild once they outnumber the live ones.
 
 Reservations (:mod:`gpuslice.reservations`) are held here by pod UID, node name and slice ids and
 count as the weakest claims on their node; a pod's own assignment, once it arrives, supersedes its
-reservation. Times are seconds since the epoch (the caller's clock).
+reservation, and a pod's deletion releases it. Times are seconds since the epoch (the caller's clock).
+
+Our own binds are *assumed* (:meth:`ClusterView.assume`), as kube-scheduler's cache assumes the pods
+it binds: the pod counts as bound at once, and until the cluster confirms the bind (an event or a list
+that shows the pod on that node), a report without it (a relist taken before the bind, or an event
+older than it) does not roll the books back. A pod's deletion ends the assumption; so does
+:data:`ASSUMED_TTL_S` without a confirmation, after which the view follows what the cluster last
+said (a relist that lacked the pod removes it).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,8 +34,10 @@ import numpy as np
 from gpuslice import ids
 from gpuslice.config import Config
 from gpuslice.counting import Claim, Holdings, PodProblem, settle
-from gpuslice.errors import GpuSliceError
+from gpuslice.disruption import Budget, project_budget
+from gpuslice.errors import GpuSliceError, RequestError
 from gpuslice.model import Gpu, NodeInventory
+from gpuslice.noderules import NodeRules
 from gpuslice.nodes import NodeInfo, project_node
 from gpuslice.packing.build import units_of
 from gpuslice.packing.state import KIND_MPS, POD_CLASSES, ClusterState, NodeSpec, UnitSpec
@@ -38,6 +48,11 @@ from gpuslice.rules import DEFAULT_MEMORY_TOLERANCE
 
 #: More new nodes than this in one relist: build the state in one go rather than node by node.
 BULK_NODES = 32
+
+#: How long an assumed bind outlives the lack of any confirmation. A healthy watch confirms a bind in
+#: well under a second; the limit only matters when the pod was deleted while the watch was away
+#: (its relist then lacks it), and bounds how long its slices stay counted.
+ASSUMED_TTL_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +107,33 @@ def _advertises(n: _Node, sid: str) -> bool:
     return row is not None and parsed.n < n.row_ids[row][1]
 
 
+@dataclass(slots=True)
+class _Assumed:
+    """One of our binds the cluster has not confirmed yet: the pod as the bind made it, until when the
+    assumption holds, and what the cluster last reported instead (``absent``: a relist lacked it)."""
+
+    info: PodInfo
+    until: float
+    observed: PodInfo | None = None
+    absent: bool = False
+
+
+def _confirms(info: PodInfo, assumed: PodInfo) -> bool:
+    """A report of the pod that shows our bind (a pod's node never changes once set)."""
+    return bool(info.node) and info.node == assumed.node
+
+
+def _unchanged(prev: _Pod, info: PodInfo) -> bool:
+    """Whether ``info`` differs from the pod as filed only in its resourceVersion, and the pod's claim
+    does not depend on the time (none, or bound), so filing it again would change nothing."""
+    old = prev.info
+    if old is info:
+        return True
+    return (prev.problem is None and (prev.claim is None or prev.claim.bound) and not info.error
+            and old.node == info.node and old.phase == info.phase and old.contract == info.contract
+            and replace(old, resource_version=info.resource_version) == info)
+
+
 def _to_datetime(now: float) -> datetime:
     return datetime.fromtimestamp(now, UTC)
 
@@ -111,6 +153,8 @@ class ClusterView:
         self._expiry: list[tuple[float, str]] = []  # unbound claims: (expires, uid)
         self._ttl = timedelta(seconds=self.settings.reservation_ttl_s)
         self.pod_errors: dict[str, str] = {}  # uid -> why the pod could not be projected
+        self.assumed: dict[str, _Assumed] = {}  # our binds the cluster has not confirmed yet
+        self.budgets: dict[tuple[str, str], Budget] = {}  # PodDisruptionBudgets by (namespace, name)
 
     def _empty_state(self) -> ClusterState:
         return ClusterState([], [], slices_per_gpu=self.settings.slices_per_gpu,
@@ -133,11 +177,22 @@ class ClusterView:
             return f"node {name} advertises no GPU slices (no inventory annotation from the device plugin)"
         return ""
 
+    def node_rules(self, name: str) -> NodeRules | None:
+        """The node's taints, cordon and labels (None when the node is unknown or unreadable)."""
+        n = self.nodes.get(name)
+        return None if n is None else n.info.rules
+
     def inventory(self, name: str) -> NodeInventory:
         """The node's inventory with ``used`` = the ids held now (pods and reservations)."""
         n = self.nodes[name]
         assert n.info.inventory is not None
         return n.info.inventory.with_used(i for i in n.held if _advertises(n, i))
+
+    def layout(self, name: str) -> NodeInventory:
+        """The node's GPUs and MIG instances, without usage (cheap: no id sets are built)."""
+        n = self.nodes[name]
+        assert n.info.inventory is not None
+        return n.info.inventory
 
     def holder(self, name: str, slice_id: str) -> str | None:
         n = self.nodes.get(name)
@@ -329,8 +384,25 @@ class ClusterView:
     # ----- pod events -------------------------------------------------------------------------
     def upsert_pod(self, pod: Mapping[str, Any] | PodInfo, now: float) -> str:
         """A pod was added or changed; returns its UID (raises ``RequestError`` without one). The pod is
-        a mapping, or its projection made with this view's isolation default (:meth:`project`)."""
+        a mapping, or its projection made with this view's isolation default (:meth:`project`). A report
+        older than one of our assumed binds is remembered, not applied."""
         info = pod if isinstance(pod, PodInfo) else self.project(pod)
+        a = self.assumed.get(info.uid)
+        if a is not None:
+            if not _confirms(info, a.info):
+                a.observed, a.absent = info, False
+                return info.uid
+            del self.assumed[info.uid]
+        self._put_pod(info, now)
+        return info.uid
+
+    def assume(self, pod: Mapping[str, Any] | PodInfo, now: float, ttl_s: float = ASSUMED_TTL_S) -> str:
+        """Our bind of ``pod`` (as bound: ``spec.nodeName`` set) succeeded: count it at once, and keep it
+        until the cluster confirms it (see the module docstring). Returns the pod's UID."""
+        info = pod if isinstance(pod, PodInfo) else self.project(pod)
+        if not info.node:
+            raise RequestError(f"pod {info.label}: an assumed bind needs spec.nodeName")
+        self.assumed[info.uid] = _Assumed(info, now + ttl_s)
         self._put_pod(info, now)
         return info.uid
 
@@ -341,11 +413,17 @@ class ClusterView:
         return project(pod, isolation_default=self.settings.isolation_default)
 
     def remove_pod(self, uid: str) -> None:
+        """The pod is gone: its claims, its reservation and any assumption about it go too."""
+        self.assumed.pop(uid, None)
+        touched: set[str] = set()
+        r = self.reservations.pop(uid)
+        if r is not None:
+            self.reserved_on.get(r.node, set()).discard(uid)
+            touched.add(r.node)
         p = self.pods.pop(uid, None)
         self.pod_errors.pop(uid, None)
-        if p is None:
-            return
-        touched = self._unindex(uid, p)
+        if p is not None:
+            touched |= self._unindex(uid, p)
         for name in touched:
             self._recompute(name)
 
@@ -356,6 +434,7 @@ class ClusterView:
         old = self.pods
         before = set(self.by_node)
         self.pods, self.by_node, self.pod_errors, self._expiry = {}, {}, {}, []
+        unconfirmed = set(self.assumed)
         for pod in pods:
             uid: object
             rv: object
@@ -365,8 +444,9 @@ class ClusterView:
                 meta = pod.get("metadata") if isinstance(pod, Mapping) else None
                 uid = meta.get("uid") if isinstance(meta, Mapping) else None
                 rv = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+            a = self.assumed.get(uid) if isinstance(uid, str) else None
             prev = old.get(uid) if isinstance(uid, str) else None
-            if (prev is not None and isinstance(rv, str) and rv and prev.info.resource_version == rv
+            if (a is None and prev is not None and isinstance(rv, str) and rv and prev.info.resource_version == rv
                     and (prev.claim is None or prev.claim.bound)):
                 self._register(prev)
                 continue
@@ -374,8 +454,19 @@ class ClusterView:
                 info = pod if isinstance(pod, PodInfo) else self.project(pod)
             except GpuSliceError:
                 continue
+            if a is not None:
+                unconfirmed.discard(info.uid)
+                if not _confirms(info, a.info):  # a list older than our bind: keep the bind
+                    a.observed, a.absent = info, False
+                    info = a.info
+                else:
+                    del self.assumed[info.uid]
             self._index(info, now)
             self._supersede(info)
+        for uid in unconfirmed:  # bound by us, and not in a list that may predate the bind
+            a = self.assumed[uid]
+            a.observed, a.absent = None, True
+            self._index(a.info, now)
         del old
         for name in before | set(self.by_node) | set(self.reserved_on):
             self._recompute(name)
@@ -400,13 +491,31 @@ class ClusterView:
         for uid in gone:
             self.remove_pod(uid)
 
-    def put_pod(self, info: PodInfo, now: float) -> None:
-        """Insert or replace an already projected pod (preemption puts pods back this way)."""
-        self._put_pod(info, now)
+    @contextmanager
+    def pretend_gone(self, uids: Iterable[str]) -> Iterator[None]:
+        """Count the nodes as if these pods were gone, for the duration of the block (preemption asks
+        the one fit rule what removing them would free). Reservations and assumptions are untouched."""
+        gone = [(uid, self.pods[uid]) for uid in dict.fromkeys(uids) if uid in self.pods]
+        touched: set[str] = set()
+        for uid, p in gone:
+            del self.pods[uid]
+            touched |= self._unindex(uid, p)
+        for name in touched:
+            self._recompute(name)
+        try:
+            yield
+        finally:
+            for _uid, p in gone:
+                self._register(p)
+            for name in touched:
+                self._recompute(name)
 
     def _put_pod(self, info: PodInfo, now: float) -> None:
         touched: set[str] = set()
         prev = self.pods.get(info.uid)
+        if prev is not None and _unchanged(prev, info):
+            prev.info = info  # only its resourceVersion moved (the watch confirming an assumed bind, a
+            return            # status update): nothing the counting rule reads, so no node is recomputed
         if prev is not None:
             touched |= self._unindex(info.uid, prev)
         touched |= self._index(info, now, prev)
@@ -462,6 +571,28 @@ class ClusterView:
                     del self.by_node[name]
         return touched
 
+    # ----- disruption budgets -------------------------------------------------------------------
+    def upsert_budget(self, pdb: Mapping[str, Any]) -> None:
+        """A PodDisruptionBudget was added or changed (``RequestError`` when it cannot be read)."""
+        b = project_budget(pdb)
+        self.budgets[(b.namespace, b.name)] = b
+
+    def remove_budget(self, pdb: Mapping[str, Any]) -> None:
+        meta = pdb.get("metadata")
+        if isinstance(meta, Mapping):
+            self.budgets.pop((str(meta.get("namespace") or ""), str(meta.get("name") or "")), None)
+
+    def replace_budgets(self, pdbs: Iterable[Mapping[str, Any]]) -> list[str]:
+        """A relist of PodDisruptionBudgets; returns why any could not be read (they are left out)."""
+        self.budgets = {}
+        problems = []
+        for pdb in pdbs:
+            try:
+                self.upsert_budget(pdb)
+            except GpuSliceError as err:
+                problems.append(str(err))
+        return problems
+
     # ----- reservations and time ----------------------------------------------------------------
     def hold(self, r: Reservation) -> None:
         """Count a reservation at once (replacing the pod's earlier one)."""
@@ -484,10 +615,16 @@ class ClusterView:
             self.reservations.add(replace(r, expires=now + self.settings.reservation_ttl_s))
 
     def expire(self, now: float) -> None:
-        """Drop reservations and unbound assignments whose time is up."""
+        """Drop reservations, unbound assignments and unconfirmed assumptions whose time is up."""
         for r in self.reservations.due(now):
             self.reserved_on.get(r.node, set()).discard(r.uid)
             self._recompute(r.node)
+        for uid in [u for u, a in self.assumed.items() if a.until <= now]:
+            a = self.assumed.pop(uid)
+            if a.absent:
+                self.remove_pod(uid)
+            elif a.observed is not None:
+                self._put_pod(a.observed, now)
         while self._expiry and self._expiry[0][0] <= now:
             _, uid = heapq.heappop(self._expiry)
             p = self.pods.get(uid)

@@ -18,7 +18,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("simulator.cli", "replay a workload through the packing policies and report"),
     "extender": ("extender.cli", "run the kube-scheduler extender (HTTP)"),
     "device-plugin": ("deviceplugin.cli", "run the kubelet device plugin (gRPC)"),
+    "mps-daemon": ("deviceplugin.mps_keeper", "keep a node's MPS control daemons (the gpu-slice-mps DaemonSet)"),
     "fake-cluster": ("gpuslice_cli.fake_cluster", "write a v1 List of fake GPU nodes and pods"),
+    "status": ("gpuslice_cli.status", "show every GPU's slices, free and stranded capacity, and why pods are Pending"),
 }
 
 EXIT_NOT_BUILT = 3

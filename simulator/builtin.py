@@ -182,27 +182,41 @@ def _seed_text(seeds: Sequence[int]) -> str:
     return ",".join(map(str, s))
 
 
-def write_plot(path: Path, results: Sequence[Result]) -> None:
-    """GPUs in use and $/h over the day, one line per policy (first seed)."""
+def plot_figure(results: Sequence[Result]) -> Any:
+    """GPUs in use and $/h over the day: one colour per policy, one line per seed (a matplotlib Figure)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    first = results[0].seed if results else 0
+    seeds = sorted({r.seed for r in results})
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    policies = list(dict.fromkeys(r.policy for r in results))
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    labelled: set[str] = set()
     for r in results:
-        if r.seed != first:
-            continue
+        colour = colours[policies.index(r.policy) % len(colours)]
         hours = [p[0] for p in r.series]
-        ax1.plot(hours, [p[1] for p in r.series], label=r.policy)
-        ax2.plot(hours, [p[2] for p in r.series], label=r.policy)
+        label = None if r.policy in labelled else r.policy
+        labelled.add(r.policy)
+        style = {"color": colour, "linewidth": 1.0 if len(seeds) > 1 else 1.5, "alpha": 0.7 if len(seeds) > 1 else 1}
+        ax1.plot(hours, [p[1] for p in r.series], label=label, **style)
+        ax2.plot(hours, [p[2] for p in r.series], **style)
     ax1.set_ylabel("GPUs in use")
     ax2.set_ylabel("$/hour of nodes in use")
     ax2.set_xlabel("hour of the simulated day")
     ax1.legend(fontsize=7, ncol=3)
-    ax1.set_title(f"built-in LLM-serving day, seed {first}")
+    which = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))} (one line each)"
+    ax1.set_title(f"built-in LLM-serving day, {which}")
     fig.tight_layout()
+    return fig
+
+
+def write_plot(path: Path, results: Sequence[Result]) -> None:
+    """:func:`plot_figure`, written to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = plot_figure(results)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

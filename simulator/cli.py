@@ -328,6 +328,11 @@ def _run_kube(args: argparse.Namespace, paths: list[Path], policies: list[str], 
               config: Config | None = None) -> int:
     """Replay the pods of v1 List files on their nodes (emptied), S taken from the inventories."""
     cluster = load_kube_cluster(paths, config=config)
+    for line in cluster.skipped:
+        print(f"gpu-slice simulate: skipped {line}", file=sys.stderr)
+    if cluster.skipped:
+        print(f"gpu-slice simulate: {len(cluster.skipped)} object(s) skipped (the extender would refuse them as "
+              f"written); replaying the other {len(cluster.requests)} pods", file=sys.stderr)
     if not cluster.requests:
         raise SimulateError(f"{paths[0]}: no Pod to replay")
     if cluster.gpus == 0:
@@ -357,7 +362,8 @@ def _run_kube(args: argparse.Namespace, paths: list[Path], policies: list[str], 
     print(TRACE_LEGEND)
     _write_outputs(args, summaries, {"cluster": [str(p) for p in paths], "seeds": args.seeds,
                                      "inflate": args.inflate, "slices": cluster.slices_per_gpu,
-                                     "device_choice": args.devices.label}, runs)
+                                     "device_choice": args.devices.label,
+                                     "skipped": list(cluster.skipped)}, runs)
     return 0
 
 

@@ -41,6 +41,9 @@ class KubeCluster:
     slices_per_gpu: int
     requests: tuple[PackRequest, ...]
     memory_tolerance: float = DEFAULT_MEMORY_TOLERANCE
+    #: Objects left out of the replay and why (``file: item N: pod ns/name: reason``): a live snapshot
+    #: holds pods that no scheduler could place as written, and one bad pod must not stop the replay.
+    skipped: tuple[str, ...] = ()
 
     def state(self) -> ClusterState:
         return state_from_inventories(self.nodes, slices_per_gpu=self.slices_per_gpu,
@@ -61,9 +64,11 @@ def load_kube_cluster(paths: Sequence[str | os.PathLike[str]], *, config: Config
 
     Nodes and pods are read by the core's projections (:mod:`gpuslice.nodes`, :mod:`gpuslice.pods`),
     the same code the extender runs on watch events; ``config`` supplies prices, the isolation
-    default and the owner-spread rule."""
+    default and the owner-spread rule. A node or pod that cannot be read or placed as written is
+    left out and reported in ``skipped`` (what the extender would refuse), and the rest is replayed."""
     nodes: list[tuple[NodeSpec, NodeInventory]] = []
     pods: list[tuple[str, PodInfo, str]] = []
+    skipped: list[str] = []
     seen: set[str] = set()
     isolation = config.isolation_default if config is not None else "any"
     for path in paths:
@@ -94,7 +99,7 @@ def load_kube_cluster(paths: Sequence[str | os.PathLike[str]], *, config: Config
                         raise GpuSliceError(pod.error)
                     pods.append((pod.created, pod, str(path)))
             except GpuSliceError as err:
-                raise KubeFileError(path, f"item {n}: {err}") from None
+                skipped.append(f"{path}: item {n}: {err}")
     if not nodes:
         raise KubeFileError(paths[0], "no Node with an example.com/gpu-slice.inventory annotation")
     sizes = {g.slices for _, inv in nodes for g in inv.gpus if g.mode != "mig"}
@@ -107,9 +112,9 @@ def load_kube_cluster(paths: Sequence[str | os.PathLike[str]], *, config: Config
         try:
             requests.append(pod.pack(s, owner_spread=spread))
         except GpuSliceError as err:
-            raise KubeFileError(path, f"pod {pod.label}: {err}") from None
+            skipped.append(f"{path}: pod {pod.label}: {err}")
     return KubeCluster(tuple(nodes), s, tuple(requests),
-                       config.memory_tolerance if config is not None else DEFAULT_MEMORY_TOLERANCE)
+                       config.memory_tolerance if config is not None else DEFAULT_MEMORY_TOLERANCE, tuple(skipped))
 
 
 def _has_uid(item: Mapping[str, Any]) -> bool:

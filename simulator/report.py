@@ -132,25 +132,34 @@ def write_json(path: str | os.PathLike[str], summaries: Sequence[Summary], meta:
         Path(path).write_text(text)
 
 
-def write_plot(path: str | os.PathLike[str], runs: Sequence[tuple[str, RunResult]]) -> None:
-    """Allocation against arrived workload, the median over seeds per (trace, policy, mode)."""
+def plot_figure(runs: Sequence[tuple[str, RunResult]]) -> Any:
+    """Allocation against arrived workload per (trace, policy, mode): every seed's curve, thin, and
+    with several seeds their median, bold, in the same colour (a matplotlib Figure)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves: dict[str, list[np.ndarray]] = {}
+    curves: dict[str, list[tuple[int, np.ndarray]]] = {}
     for trace, r in runs:
         _, mean = binned_curve(r.arrived, r.allocated)
-        curves.setdefault(f"{trace} {r.policy} ({r.mode})", []).append(mean)
+        curves.setdefault(f"{trace} {r.policy} ({r.mode})", []).append((r.seed, mean))
     fig, ax = plt.subplots(figsize=(8, 5))
     x = np.arange(131)
     ax.plot(x, np.minimum(x, 100), color="grey", linestyle=":", label="ideal")
-    for label, ms in curves.items():
-        stack = np.vstack(ms)
-        with np.errstate(all="ignore"):
-            med = np.array([np.median(c[~np.isnan(c)]) if (~np.isnan(c)).any() else np.nan for c in stack.T])
-        ax.plot(x, med, label=label)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for n, (label, seeded) in enumerate(curves.items()):
+        colour = colours[n % len(colours)]
+        several = len(seeded) > 1
+        for seed, curve in seeded:
+            ax.plot(x, curve, color=colour, linewidth=0.8 if several else 1.5, alpha=0.45 if several else 1.0,
+                    label=None if several else f"{label}, seed {seed}")
+        if several:
+            stack = np.vstack([c for _, c in seeded])
+            with np.errstate(all="ignore"):
+                med = np.array([np.median(c[~np.isnan(c)]) if (~np.isnan(c)).any() else np.nan for c in stack.T])
+            seeds = ", ".join(str(sd) for sd, _ in seeded)
+            ax.plot(x, med, color=colour, linewidth=2.0, label=f"{label}, median of seeds {seeds}")
     ax.set_xlabel("arrived workload (% of GPU capacity)")
     ax.set_ylabel("GPU allocated (%)")
     ax.set_xlim(60, 130)
@@ -158,6 +167,14 @@ def write_plot(path: str | os.PathLike[str], runs: Sequence[tuple[str, RunResult
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
+    return fig
+
+
+def write_plot(path: str | os.PathLike[str], runs: Sequence[tuple[str, RunResult]]) -> None:
+    """:func:`plot_figure`, written to ``path`` (the format from its suffix)."""
+    import matplotlib.pyplot as plt
+
+    fig = plot_figure(runs)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

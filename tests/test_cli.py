@@ -29,7 +29,7 @@ def test_unbuilt_subcommand_says_so(monkeypatch: pytest.MonkeyPatch, capsys: pyt
 
 
 def test_every_subcommand_is_registered() -> None:
-    assert set(cli.SUBCOMMANDS) == {"simulate", "extender", "device-plugin", "fake-cluster"}
+    assert set(cli.SUBCOMMANDS) == {"simulate", "extender", "device-plugin", "mps-daemon", "fake-cluster", "status"}
 
 
 def test_help_does_not_import_heavy_packages() -> None:

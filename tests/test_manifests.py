@@ -18,6 +18,7 @@ import json
 import re
 import shlex
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 import yaml
@@ -81,12 +82,13 @@ def _scheduler(objs: list[Obj]) -> tuple[Obj, Obj]:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_scheduler_config_matches_the_extender(overlay: str) -> None:
-    from extender.app import build_app
+    from extender import cli
+    from extender.app import build_ops_app, build_verbs_app
     from extender.binder import MemoryBinder
     from extender.service import Extender
     from gpuslice.config import default_config
 
-    objs = build(overlay)
+    objs = build(overlay, monitoring=True)
     dep, config = _scheduler(objs)
     assert config == yaml.safe_load(SCHEDULER_CONFIG.read_text()), "the ConfigMap is scheduler-config.yaml"
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
@@ -96,35 +98,47 @@ def test_scheduler_config_matches_the_extender(overlay: str) -> None:
     assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False and ext["weight"] > 0
     assert ext["managedResources"] == [{"name": RESOURCE, "ignoredByScheduler": False}]
 
-    # Every verb is a POST route of the extender's app, at urlPrefix + "/" + verb.
-    app = build_app(Extender(default_config(), MemoryBinder([])))
-    routes = {r.path: r.methods for r in app.routes}  # type: ignore[attr-defined]
+    # Every verb is a POST route of the extender's verbs app, at urlPrefix + "/" + verb; the probes and
+    # metrics are on the ops app, and neither app serves the other's routes.
+    ext_obj = Extender(default_config(), MemoryBinder([]))
+    routes = {r.path: r.methods for r in build_verbs_app(ext_obj).routes}  # type: ignore[attr-defined]
+    ops = {r.path: r.methods for r in build_ops_app(ext_obj).routes}  # type: ignore[attr-defined]
+    assert not set(routes) & set(ops)
     url = re.fullmatch(r"http://127\.0\.0\.1:(\d+)", ext["urlPrefix"])
     assert url, ext["urlPrefix"]
     for key in ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb"):
         assert "POST" in routes[f"/{ext[key]}"], key
 
-    # The port: the extender container listens there, declares it, and the Service and probes use it.
+    # The verbs listen on loopback at urlPrefix's port, declared nowhere; probes, the Service, the
+    # monitor and the NetworkPolicy use the ops port, and only it.
     pod = dep["spec"]["template"]["spec"]
     extender = _container(pod, "extender")
     assert extender["args"][0] == "extender"
     port = int(url.group(1))
     assert int(_flag(extender["args"], "port")) == port
-    assert _flag(extender["args"], "address") in ("0.0.0.0", "127.0.0.1")
+    assert _flag(extender["args"], "address") == "127.0.0.1"
+    ops_port = int(_flag(extender["args"], "ops-port"))
+    assert ops_port != port and _flag(extender["args"], "ops-address") == "0.0.0.0"
     ports = {p["name"]: p["containerPort"] for p in extender["ports"]}
-    assert ports["metrics"] == port
-    assert extender["readinessProbe"]["httpGet"]["path"] == "/readyz" and "GET" in routes["/readyz"]
-    assert extender["livenessProbe"]["httpGet"]["path"] == "/healthz" and "GET" in routes["/healthz"]
-    assert "GET" in routes["/metrics"]
+    assert ports == {"metrics": ops_port}
+    assert extender["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"} and "GET" in ops["/readyz"]
+    assert extender["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"} and "GET" in ops["/healthz"]
+    assert "GET" in ops["/metrics"]
     svc = one(objs, "Service", "gpu-slice-scheduler-metrics")
     assert svc["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
     (svc_port,) = svc["spec"]["ports"]
-    assert svc_port["targetPort"] in ("metrics", port)
+    assert svc_port["targetPort"] in ("metrics", ops_port)
     monitor = one(objs, "ServiceMonitor", "gpu-slice-scheduler")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
     assert {e["port"] for e in monitor["spec"]["endpoints"]} == {svc_port["name"]}
     netpol = one(objs, "NetworkPolicy", "gpu-slice-scheduler")
-    assert [p["port"] for r in netpol["spec"]["ingress"] for p in r["ports"]] == [port]
+    assert [p["port"] for r in netpol["spec"]["ingress"] for p in r["ports"]] == [ops_port]
+    # The shipped flags pass the extender's own start-up checks (verbs off loopback need client certs).
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args([a for a in extender["args"][1:] if not a.startswith("--config=")])
+    settings = cli.build_settings(args)
+    assert (settings.address, settings.port, settings.ops_port) == ("127.0.0.1", port, ops_port)
 
     # kube-scheduler reads the mounted config.
     sched = _container(pod, "kube-scheduler")
@@ -155,15 +169,17 @@ def test_leader_election_lease_is_the_one_the_extender_fences_on(overlay: str) -
     assert args.identity == "$(POD_NAME)"
     env = {e["name"]: e for e in extender["env"]}
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    # The pod's service account may read and renew exactly that Lease.
-    role = one(objs, "Role", "gpu-slice-scheduler-lease")
-    assert role["metadata"]["namespace"] == election["resourceNamespace"]
-    (rule,) = role["rules"]
-    assert rule["resources"] == ["leases"] and rule["resourceNames"] == [election["resourceName"]]
-    assert set(rule["verbs"]) == {"get", "list", "watch", "update"}
-    binding = one(objs, "RoleBinding", "gpu-slice-scheduler-lease")
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"],
-                                    "namespace": NAMESPACE}]
+    # kube-scheduler's account may read and renew exactly that Lease; the extender's (the pod's) may read it.
+    reader = {"get", "list", "watch"}
+    for role_name, account, verbs in (("gpu-slice-scheduler-lease", "gpu-slice-scheduler", reader | {"update"}),
+                                      ("gpu-slice-extender-lease", pod["serviceAccountName"], reader)):
+        role = one(objs, "Role", role_name)
+        assert role["metadata"]["namespace"] == election["resourceNamespace"]
+        (rule,) = role["rules"]
+        assert rule["resources"] == ["leases"] and rule["resourceNames"] == [election["resourceName"]]
+        assert set(rule["verbs"]) == verbs
+        binding = one(objs, "RoleBinding", role_name)
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -212,7 +228,7 @@ def test_daemonset_mounts_what_the_plugin_settings_use(overlay: str, tmp_path: P
     from deviceplugin import cli
     from deviceplugin.settings import build as build_settings
 
-    objs = build(overlay)
+    objs = build(overlay, monitoring=True)
     ds = one(objs, "DaemonSet", "gpu-slice-device-plugin")
     pod = ds["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -294,17 +310,37 @@ def test_rbac_is_least_privilege() -> None:
     assert _rules(objs, "gpu-slice-extender") == {
         *{("", "nodes", v) for v in ("get", "list", "watch")},
         *{("", "pods", v) for v in ("get", "list", "watch", "patch")},
-        ("", "pods/binding", "create")}
+        ("", "pods/binding", "create"), ("", "pods/eviction", "create"), ("", "events", "create"),
+        *{("policy", "poddisruptionbudgets", v) for v in ("list", "watch")}}
     for o in objs:
         for rule in o.get("rules", []):
-            assert "*" not in rule["verbs"] and "*" not in rule["resources"], o["metadata"]["name"]
-            assert "secrets" not in rule["resources"], o["metadata"]["name"]
+            assert "*" not in rule["verbs"] and "*" not in rule.get("resources", []), o["metadata"]["name"]
+            assert "secrets" not in rule.get("resources", []), o["metadata"]["name"]
+    # The slice map's readers get one read-only path, nothing else.
+    assert one(objs, "ClusterRole", "gpu-slice-slicemap-reader")["rules"] == [
+        {"nonResourceURLs": ["/slicemap", "/slicemap/*"], "verbs": ["get"]}]
     bound = {(b["roleRef"]["name"], s["name"]) for b in objs if b["kind"] == "ClusterRoleBinding"
              for s in b["subjects"]}
+    # kube-scheduler's rights go to its own account, never to the extender's, and the other way round.
     assert bound == {("gpu-slice-device-plugin", "gpu-slice-device-plugin"),
                      ("gpu-slice-extender", "gpu-slice-extender"),
-                     ("system:kube-scheduler", "gpu-slice-extender"),
-                     ("system:volume-scheduler", "gpu-slice-extender")}
+                     ("system:kube-scheduler", "gpu-slice-scheduler"),
+                     ("system:volume-scheduler", "gpu-slice-scheduler"),
+                     # TokenReview and SubjectAccessReview for the slice map's bearer tokens (the extender's)
+                     ("system:auth-delegator", "gpu-slice-extender")}
+    # Each container of the scheduler pod mounts its own account's token, and no other.
+    dep = one(objs, "Deployment", "gpu-slice-scheduler")
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and pod["serviceAccountName"] == "gpu-slice-extender"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    token_path = "/var/run/secrets/kubernetes.io/serviceaccount"
+    mounted = {c["name"]: [m["name"] for m in c["volumeMounts"] if m["mountPath"] == token_path]
+               for c in pod["containers"]}
+    assert mounted == {"kube-scheduler": ["scheduler-token"], "extender": ["extender-token"]}
+    assert any("serviceAccountToken" in s for s in volumes["extender-token"]["projected"]["sources"])
+    secret = one(objs, "Secret", volumes["scheduler-token"]["secret"]["secretName"])
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    assert secret["metadata"]["annotations"]["kubernetes.io/service-account.name"] == "gpu-slice-scheduler"
 
 
 def test_admission_policy_names_the_service_accounts_the_pods_run_as() -> None:
@@ -314,10 +350,19 @@ def test_admission_policy_names_the_service_accounts_the_pods_run_as() -> None:
     accounts = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objs if o["kind"] == "ServiceAccount"}
     used = {(NAMESPACE, one(objs, kind, name)["spec"]["template"]["spec"]["serviceAccountName"])
             for kind, name in (("DaemonSet", "gpu-slice-device-plugin"), ("Deployment", "gpu-slice-scheduler"))}
-    assert named == accounts == used
+    # The policies name exactly the accounts the plugin and the extender run as; kube-scheduler's own
+    # account (gpu-slice-scheduler) may write none of gpu-slice's annotations.
+    assert named == used and accounts == used | {(NAMESPACE, "gpu-slice-scheduler")}
     policies = {o["metadata"]["name"] for o in objs if o["kind"] == "ValidatingAdmissionPolicy"}
     bindings = {o["spec"]["policyName"] for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"}
-    assert policies == bindings == {"gpu-slice-annotations", "gpu-slice-device-plugin-own-node"}
+    assert policies == bindings == {"gpu-slice-annotations", "gpu-slice-assignments-in-bindings",
+                                    "gpu-slice-services-write-only-their-annotations",
+                                    "gpu-slice-scheduled-slice-pods", "gpu-slice-device-plugin-own-node",
+                                    "gpu-slice-requests", "gpu-slice-slice-pods"}
+    # Every path a pod's annotations can be written by is matched.
+    matched = {r for o in objs if o["kind"] == "ValidatingAdmissionPolicy"
+               for rule in o["spec"]["matchConstraints"]["resourceRules"] for r in rule["resources"]}
+    assert {"pods", "pods/status", "pods/binding"} <= matched
 
 
 def test_every_namespaced_object_is_in_the_project_namespace_or_the_lease_namespace() -> None:
@@ -331,6 +376,7 @@ def test_every_namespaced_object_is_in_the_project_namespace_or_the_lease_namesp
     in_kube_system = {(o["kind"], o["metadata"]["name"]) for o in objs
                       if o["metadata"].get("namespace") == "kube-system"}
     assert in_kube_system == {("Role", "gpu-slice-scheduler-lease"), ("RoleBinding", "gpu-slice-scheduler-lease"),
+                              ("Role", "gpu-slice-extender-lease"), ("RoleBinding", "gpu-slice-extender-lease"),
                               ("RoleBinding", "gpu-slice-scheduler-authentication-reader")}
     ns = one(objs, "Namespace", NAMESPACE)
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
@@ -371,7 +417,7 @@ def _series_in(expr: str) -> set[str]:
 
 def test_alerts_read_series_the_code_exports() -> None:
     exported = _exported_series()
-    rule = one(build("nvidia"), "PrometheusRule", "gpu-slice")
+    rule = one(build("nvidia", monitoring=True), "PrometheusRule", "gpu-slice")
     alerts = {r["alert"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]}
     assert {"GpuSliceSignalStale", "GpuSliceSlicesUnhealthy", "GpuSlicePodAdmissionFailed",
             "GpuSliceAssignmentNotHonoured", "GpuSliceExtenderSlow"} <= alerts.keys()
@@ -383,7 +429,7 @@ def test_alerts_read_series_the_code_exports() -> None:
 
 def test_dashboard_reads_series_the_code_exports() -> None:
     exported = _exported_series()
-    objs = build("nvidia")
+    objs = build("nvidia", monitoring=True)
     (cm,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "gpu-slice-dashboard"]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     dash = json.loads(cm["data"]["gpu-slice.json"])
@@ -460,3 +506,23 @@ def test_readme_install_section() -> None:
     versions = readme.split("\n## Supported versions\n", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| Kubernetes \| (\S+) to (\S+) \|", versions, re.M)
     assert rows == [(OLDEST, NEWEST)]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_scheduler_image_follows_the_clusters_version_through_one_knob(overlay: str) -> None:
+    """Shipped at the version CI runs (the kube-scheduler in ../shared/k8s is v1.36.2); an ``images``
+    entry over the overlay moves it to an older minor, and nothing else changes."""
+    from tests.manifests.built import with_scheduler_tag
+
+    def image(objs: list[dict[str, Any]]) -> str:
+        dep = one(objs, "Deployment", "gpu-slice-scheduler")
+        (c,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "kube-scheduler"]
+        return str(c["image"])
+
+    shipped = build(overlay)
+    assert image(shipped) == "registry.k8s.io/kube-scheduler:v1.36.2"
+    moved = [dict(o) for o in with_scheduler_tag(overlay, "v1.31.4")]
+    assert image(moved) == "registry.k8s.io/kube-scheduler:v1.31.4"
+    assert len(moved) == len(shipped)
+    base = (MANIFESTS / "base" / "kustomization.yaml").read_text()
+    assert "registry.k8s.io/kube-scheduler" in base and "1.30-1.36" in base

@@ -32,6 +32,8 @@ else
     k apply --server-side -k manifests/overlays/simulated
 fi
 k -n gpu-slice-system rollout status daemonset/gpu-slice-device-plugin --timeout=180s
+# The MPS daemons' DaemonSet is OnDelete (rollout status only follows RollingUpdate): wait for its pods.
+k -n gpu-slice-system wait --for=condition=Ready pod -l app.kubernetes.io/name=gpu-slice-mps --timeout=180s
 k -n gpu-slice-system rollout status deployment/gpu-slice-scheduler --timeout=180s
 
 # Every simulated node advertises its slices.

@@ -314,12 +314,16 @@ class ClusterState:
         return np.flatnonzero(held[self.unit_gpu_id[: self.n_units]]).tolist()
 
     # ----- feasibility ----------------------------------------------------------------------
-    def unit_accepts(self, req: PackRequest, rows: I64 | None = None) -> B:
+    def unit_accepts(self, req: PackRequest, rows: I64 | None = None, *, as_if_empty: bool = False) -> B:
         """Units (length n_units + 1, sentinel False) a request's per-GPU part could go on; with
-        ``rows`` (unit rows, the sentinel allowed), only those, in that order."""
+        ``rows`` (unit rows, the sentinel allowed), only those, in that order. ``as_if_empty``: whether
+        it could go there once every pod left the unit (preemption; the owner rule is then the
+        caller's, who knows which pods would leave)."""
         k = req.slices
         at: slice | I64 = slice(None) if rows is None else rows
         kind, cap, free = self.unit_kind[at], self.unit_cap[at], self.unit_free[at]
+        if as_if_empty:
+            free = cap
         usable, mem = self.unit_usable[at], self.unit_mem[at]
         if req.gpus <= 1:
             ok = usable & (free >= k) & ((kind == KIND_MPS) | (cap == k))
@@ -333,7 +337,7 @@ class ClusterState:
         if req.gpu_memory_mib > 0:
             share = np.where(kind == KIND_MPS, mps_share_mib(mem, k, cap), mem)
             ok &= np.asarray(memory_floor_met(share, req.gpu_memory_mib, self.memory_tolerance), dtype=bool)
-        if req.owner:
+        if req.owner and not as_if_empty:
             held = self.owner_held(req.owner)
             if held is not None:
                 ok &= ~held[self.unit_gpu_id[at]]

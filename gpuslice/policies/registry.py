@@ -91,23 +91,29 @@ class Weighted:
         return tuple(p.memory_token(m) for (p, _), m in zip(self.parts, memory, strict=True))
 
     def score(self, state: ClusterState, req: PackRequest, cands: Candidates, memory: Any) -> F64:
-        if len(self.parts) == 1:
-            p, _ = self.parts[0]
-            return np.asarray(p.score(state, req, cands, memory[0]), dtype=np.float64)
+        return self.score_parts(state, req, cands, memory)[0]
+
+    def score_parts(self, state: ClusterState, req: PackRequest, cands: Candidates,
+                    memory: Any) -> tuple[F64, dict[str, F64]]:
+        """The combined score and each policy's own score per candidate (the assignment's breakdown:
+        what an operator reads to see why a placement won; the parts cost nothing extra)."""
         scores = [(np.asarray(p.score(state, req, cands, m), dtype=np.float64), w)
                   for (p, w), m in zip(self.parts, memory, strict=True)]
+        parts = {p.name: s for (p, _), (s, _) in zip(self.parts, scores, strict=True)}
+        if len(scores) == 1:
+            return scores[0][0], parts
         varying = [(s, w) for s, w in scores if w > 0 and s.shape[0] > 1 and float(np.ptp(s)) > 0.0]
         if not varying:  # nothing tells the candidates apart: the first (primary) policy's constant
             varying = [next((sw for sw in scores if sw[1] > 0), scores[0])]
         total = sum(w for _, w in varying)
         if total <= 0:
-            return np.zeros(len(cands))
+            return np.zeros(len(cands)), parts
         if len(varying) == 1:
-            return varying[0][0].copy()
+            return varying[0][0].copy(), parts
         out = np.zeros(len(cands))
         for s, w in varying:
             out += (w / total) * s
-        return out
+        return out, parts
 
     def secondary(self, state: ClusterState, req: PackRequest, cands: Candidates, memory: Any) -> F64:
         out = np.zeros(len(cands))

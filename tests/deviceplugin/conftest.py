@@ -32,3 +32,7 @@ def kubelet(sock_dir: Path) -> Iterator[KubeletStandin]:
         yield k
     finally:
         k.stop()
+
+
+# The whole-app fixture of test_app.py, for the other whole-app modules (test_app_node.py).
+from tests.deviceplugin.test_app import env  # noqa: E402,F401

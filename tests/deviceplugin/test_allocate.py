@@ -20,7 +20,8 @@ def test_cdi_names_the_mig_uuid_with_the_configured_vendor() -> None:
     placement = check_placement(INV, inst.slice_ids())
     resp = build_response(placement, INV, Injector(mode="cdi", cdi_vendor="nvidia.com"))
     assert [d.name for d in resp.cdi_devices] == [f"nvidia.com/gpu={inst.uuid}"]
-    assert "NVIDIA_VISIBLE_DEVICES" not in resp.envs
+    # An image's NVIDIA_VISIBLE_DEVICES=all must expose nothing beside the CDI device.
+    assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert not resp.mounts
     assert resp.envs["GPU_SLICE_COUNT"] == "2"
     assert resp.envs["GPU_SLICE_FRACTION"] == "0.285714"
@@ -51,8 +52,9 @@ def test_mps_placement_gets_pipe_shm_and_limits() -> None:
     assert mounts[pipe] == f"/run/mps/{MPS.uuid}/pipe"
     assert mounts["/dev/shm"] == "/run/mps/shm"
     assert resp.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "42"
-    assert resp.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={MPS.memory_mib * 3 // 7}M"
-    assert resp.envs["GPU_SLICE_MEMORY_BYTES"] == str((MPS.memory_mib * 3 // 7) << 20)
+    share = (MPS.memory_mib - 512 - 7 * 256) * 3 // 7  # the MPS server and 7 client contexts kept out
+    assert resp.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={share}M"
+    assert resp.envs["GPU_SLICE_MEMORY_BYTES"] == str(share << 20)
     memory_only = build_response(placement, INV, Injector(mps_root=Path("/run/mps"), mps_memory_only=True))
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in memory_only.envs
 
@@ -82,8 +84,8 @@ def test_cdi_names_default_to_the_container_toolkits_and_a_spec_must_define_them
 
     import pytest
 
-    from deviceplugin.allocate import check_cdi_spec, find_cdi_spec
     from deviceplugin.app import DevicePluginApp
+    from deviceplugin.cdi import check_cdi_spec, find_cdi_spec
     from deviceplugin.errors import SettingsError
     from deviceplugin.settings import Settings
 

@@ -35,7 +35,8 @@ from deviceplugin._proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplugin.app import DevicePluginApp
 from deviceplugin.assignments import check_placement
 from deviceplugin.errors import DevicePluginError
-from deviceplugin.mps import MpsOptions, MpsSupervisor, pipe_dir, standin_command
+from deviceplugin.mps import MpsOptions, pipe_dir, standin_command
+from deviceplugin.mps_supervisor import MpsSupervisor
 from deviceplugin.settings import Settings, load_config_file
 from deviceplugin.simulated import SimulatedBackend, builtin_topology
 from gpuslice.model import Gpu
@@ -84,7 +85,8 @@ class Env:
         base = Settings(node_name=NODE, backend="simulated", plugin_dir=self.kubelet.plugin_dir,
                         pod_resources_socket=self.kubelet.pod_resources_socket, metrics_port=0,
                         mps_root=self.dir / "mps", dir_poll_s=0.05, stamp_backoff_s=0.02, stamp_resync_s=0.5,
-                        rediscover_s=0.3, kube_timeout_s=5.0, preferred_wait_s=0.3)
+                        rediscover_s=0.3, kube_timeout_s=5.0, preferred_wait_s=0.3,
+                        preferred_wait_empty_s=0.3)
         return replace(base, **overrides).validate()
 
     async def start(self, *, backend: SimulatedBackend | None = None, kube: bool = True,
@@ -674,13 +676,22 @@ async def test_sent_events_are_kept_bounded(env: Env) -> None:
     assert len(app.events_sent) == 256 and app.events_sent[-1][2] == "event 299"
 
 
-def test_numa_topology_is_refused_when_gpus_share_a_numa_node() -> None:
-    from deviceplugin.app import check_numa_layout
-    from deviceplugin.errors import SettingsError
+def test_numa_topology_flag_is_gone_and_devices_carry_no_topology(capsys: pytest.CaptureFixture[str]) -> None:
+    """Under a topology-manager policy kubelet picks ids from its hinted NUMA node only, overriding the
+    extender's GPU; on ordinary 8-GPU hosts (four per socket) nothing could be advertised safely."""
+    import argparse
 
-    check_numa_layout({MIG.uuid: 0, MPS.uuid: 1})
-    with pytest.raises(SettingsError, match=r"several GPUs share a NUMA node .*NUMA node 0"):
-        check_numa_layout({MIG.uuid: 0, MPS.uuid: 0})
+    from deviceplugin.cli import add_arguments
+    from deviceplugin.server import PluginState
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--numa-topology"])
+    assert "unrecognized arguments: --numa-topology" in capsys.readouterr().err
+    state = PluginState("n", book=None)
+    state.set_gpus(TOPO.gpus)
+    assert all(not d.HasField("topology") for d in state.device_list().devices)
 
 
 async def test_simulated_backend_serves_dcgm_series_with_pod_labels_to_a_real_prometheus(
@@ -777,3 +788,36 @@ def test_preferred_wait_flag_reaches_the_settings() -> None:
     assert settings.preferred_wait_s == 0.5 and settings.conflict_taint
     with pytest.raises(Exception, match="preferred_wait_s"):
         cli.settings_from(parser.parse_args(["--node-name", "n", "--preferred-wait-seconds", "99"]))
+
+
+async def test_a_layout_other_than_the_configs_is_warned_once_with_the_field_path(
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    """migLayouts.H100-80GB.layout says what the MIG manager lays out; the simulated GPU carries another
+    layout: one warning naming the field, none on later rediscoveries, none once the GPU matches, one
+    again when it changes away."""
+    from gpuslice.config import load_config
+
+    config = load_config({"version": "v1", "modes": {"default": "mps", "products": {"H100-80GB": "mig"}},
+                          "migLayouts": {"H100-80GB": {"layout": ["7g.80gb"], "dynamic": False}}})
+    backend = SimulatedBackend(TOPO)
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
+                and "migLayouts.H100-80GB.layout" in r.getMessage() and MIG.uuid in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING, logger="deviceplugin"):
+        await env.start(backend=backend, config=config)
+        await until(lambda: len(warnings()) == 1)
+        await asyncio.sleep(1.0)  # three more rediscoveries at rediscover_s=0.3
+        (first,) = warnings()
+        assert f"GPU 0 ({MIG.uuid}, H100-80GB) carries MIG instances [1g.10gb, 1g.10gb, 2g.20gb, 3g.40gb]" in first
+        assert "says it carries [7g.80gb]" in first and "nvidia.com/mig.config" in first
+        backend.change_layout(MIG.uuid, (("7g.80gb", 0),), frozenset())
+        await asyncio.sleep(1.0)
+        assert len(warnings()) == 1
+        backend.change_layout(MIG.uuid, (("4g.40gb", 0),), frozenset())
+        await until(lambda: len(warnings()) == 2)
+        assert "carries MIG instances [4g.40gb]" in warnings()[1]
+    # The MPS H100 beside it is named too (once): the config says such GPUs carry MIG instances.
+    other = [r.getMessage() for r in caplog.records if MPS.uuid in r.getMessage()]
+    assert len(other) == 1 and "is in mps mode, not MIG" in other[0]

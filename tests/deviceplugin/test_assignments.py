@@ -146,7 +146,8 @@ def test_check_placement_accepts_valid_sets() -> None:
     p = check_placement(INV, MIG.instances[3].slice_ids())
     assert p.mode == "mig" and p.instance == MIG.instances[3].uuid and p.memory_mib == MIG.instances[3].memory_mib
     p = check_placement(INV, MPS.slice_ids()[4:6])
-    assert p.mode == "mps" and p.memory_mib == MPS.memory_mib * 2 // MPS.slices
+    # 2/7 of what is left after 512 MiB for the MPS server and 256 MiB of context per slice
+    assert p.mode == "mps" and p.memory_mib == (MPS.memory_mib - 512 - 7 * 256) * 2 // MPS.slices
 
 
 def test_check_placement_refusals_say_why() -> None:

@@ -23,13 +23,13 @@ from deviceplugin.assignments import AssignmentBook, PodView
 from deviceplugin.mps import (
     MpsLimits,
     MpsOptions,
-    MpsSupervisor,
     mps_client_settings,
     mps_limits,
     pipe_dir,
     standin_command,
 )
 from deviceplugin.mps_limits import MpsLimitKeeper, held_groups, largest_shares, wanted_limits
+from deviceplugin.mps_supervisor import MpsSupervisor
 from deviceplugin.simulated import SimulatedBackend
 from gpuslice.model import Gpu, NodeInventory
 from tests.deviceplugin.test_app import MPS, TOPO, Env, until
@@ -74,12 +74,12 @@ def supervisor(root: Path) -> Iterator[MpsSupervisor]:
 
 
 def test_daemon_limits_and_client_env_come_from_the_same_share() -> None:
-    assert mps_limits(H100, 3) == MpsLimits(3, 42, 34953)  # floor(300/7), floor(81559*3/7) MiB
-    assert mps_limits(H100, 7) == MpsLimits(7, 100, 81559)
-    assert mps_limits(H100, 2, "memory-only") == MpsLimits(2, 100, 23302)
+    assert mps_limits(H100, 3) == MpsLimits(3, 42, 33966)  # floor(300/7), floor((81559 - 512 - 7*256)*3/7) MiB
+    assert mps_limits(H100, 7) == MpsLimits(7, 100, 79255)
+    assert mps_limits(H100, 2, "memory-only") == MpsLimits(2, 100, 22644)
     envs, _ = mps_client_settings(H100, 3, "/r")
     assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "42"
-    assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=34953M"
+    assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=33966M"
 
 
 def _pod(name: str, *, assignment: tuple[str, ...] | None = None, allocated: tuple[str, ...] | None = None,
@@ -100,7 +100,7 @@ def test_largest_share_per_gpu_counts_every_holder_and_is_one_slice_when_idle() 
     assert largest_shares(inv, held_groups(book)) == {GPU: 3, other.uuid: 2}
     assert largest_shares(inv, []) == {GPU: 1, other.uuid: 1}
     wanted = wanted_limits(inv, {GPU: 3, other.uuid: 2}, "memory-and-threads")
-    assert wanted == {GPU: MpsLimits(3, 42, 34953), other.uuid: MpsLimits(2, 28, 23302)}
+    assert wanted == {GPU: MpsLimits(3, 42, 33966), other.uuid: MpsLimits(2, 28, 22644)}
 
 
 # --------------------------------------------------------------------------- the stand-in daemon
@@ -119,17 +119,17 @@ def test_standin_servers_take_the_defaults_at_spawn_and_per_server_commands_afte
         assert ask(root, "start_server -uid 1000") == ""
         [first] = ask(root, "get_server_list").split()
         assert ask(root, "set_default_active_thread_percentage 42") == "42.0"
-        assert ask(root, "set_default_device_pinned_mem_limit 0 34953M") == ""
-        assert ask(root, "get_default_device_pinned_mem_limit 0") == "34953M"
+        assert ask(root, "set_default_device_pinned_mem_limit 0 33966M") == ""
+        assert ask(root, "get_default_device_pinned_mem_limit 0") == "33966M"
         assert ask(root, f"get_active_thread_percentage {first}") == "100.0"  # spawned before: unchanged
         assert ask(root, f"get_device_pinned_mem_limit {first} 0") == ""
         assert ask(root, "start_server -uid 1001") == ""
         second = next(p for p in ask(root, "get_server_list").split() if p != first)
         assert ask(root, f"get_active_thread_percentage {second}") == "42.0"  # spawned after: defaults
-        assert ask(root, f"get_device_pinned_mem_limit {second} 0") == "34953M"
+        assert ask(root, f"get_device_pinned_mem_limit {second} 0") == "33966M"
         assert ask(root, f"set_active_thread_percentage {first} 14") == "14.0"
-        assert ask(root, f"set_device_pinned_mem_limit {first} 0 11651M") == ""
-        assert ask(root, f"get_device_pinned_mem_limit {first} 0") == "11651M"
+        assert ask(root, f"set_device_pinned_mem_limit {first} 0 11322M") == ""
+        assert ask(root, f"get_device_pinned_mem_limit {first} 0") == "11322M"
         # A rejected command prints an error on stdout and the front end still exits 0 (man page).
         assert ask(root, "set_device_pinned_mem_limit 999999 0 1G").startswith("Error")
         assert ask(root, "set_default_device_pinned_mem_limit 0 12X").startswith("Error")
@@ -146,8 +146,8 @@ def test_limits_are_in_the_daemon_before_its_gpu_turns_healthy(root: Path, super
     [event] = supervisor.check_once()
     assert event.healthy
     assert ask(root, "get_default_active_thread_percentage") == "14.0"
-    assert ask(root, "get_default_device_pinned_mem_limit 0") == "11651M"
-    assert supervisor.applied(GPU) == MpsLimits(1, 14, 11651)
+    assert ask(root, "get_default_device_pinned_mem_limit 0") == "11322M"
+    assert supervisor.applied(GPU) == MpsLimits(1, 14, 11322)
 
 
 def test_raising_and_lowering_reach_the_running_server_and_later_ones(root: Path,
@@ -163,13 +163,13 @@ def test_raising_and_lowering_reach_the_running_server_and_later_ones(root: Path
     supervisor.check_once()
     assert supervisor.covers(GPU, 3)
     assert ask(root, f"get_active_thread_percentage {server}") == "42.0"
-    assert ask(root, f"get_device_pinned_mem_limit {server} 0") == "34953M"
+    assert ask(root, f"get_device_pinned_mem_limit {server} 0") == "33966M"
     assert ask(root, "get_default_active_thread_percentage") == "42.0"
     supervisor.set_limits({GPU: mps_limits(H100, 1)})
     supervisor.check_once()
     assert ask(root, f"get_active_thread_percentage {server}") == "14.0"
-    assert ask(root, f"get_device_pinned_mem_limit {server} 0") == "11651M"
-    assert ask(root, "get_default_device_pinned_mem_limit 0") == "11651M"
+    assert ask(root, f"get_device_pinned_mem_limit {server} 0") == "11322M"
+    assert ask(root, "get_default_device_pinned_mem_limit 0") == "11322M"
 
 
 def test_a_refused_limit_is_logged_counted_retried_with_backoff_and_health_follows_the_probe_only(
@@ -187,7 +187,7 @@ def test_a_refused_limit_is_logged_counted_retried_with_backoff_and_health_follo
             [event] = sup.check_once()
         assert event.healthy and sup.is_up(GPU)  # the daemon answers: its slices stay Healthy
         assert len(seen) == 1 and seen[0][0] == GPU and seen[0][1] is None
-        assert "set_default_device_pinned_mem_limit 0 23302M" in seen[0][2] and "Error" in seen[0][2]
+        assert "set_default_device_pinned_mem_limit 0 22644M" in seen[0][2] and "Error" in seen[0][2]
         assert "did not take the limits" in caplog.text
         assert sup.applied(GPU) is None and not sup.covers(GPU, 2)
         attempts = []
@@ -267,16 +267,16 @@ async def test_allocate_answers_only_after_the_daemon_caps_clients_at_the_pods_s
     assert res.ids() <= frozenset(MPS.slice_ids())
     # Allocate has answered: the cap is already in the daemon, for new servers and the running one.
     assert await asyncio.to_thread(ask, root, "get_default_active_thread_percentage", MPS.uuid) == "57.0"
-    assert await asyncio.to_thread(ask, root, "get_default_device_pinned_mem_limit 0", MPS.uuid) == "46605M"
+    assert await asyncio.to_thread(ask, root, "get_default_device_pinned_mem_limit 0", MPS.uuid) == "45288M"
     assert await asyncio.to_thread(ask, root, f"get_active_thread_percentage {server}", MPS.uuid) == "57.0"
-    assert await asyncio.to_thread(ask, root, f"get_device_pinned_mem_limit {server} 0", MPS.uuid) == "46605M"
+    assert await asyncio.to_thread(ask, root, f"get_device_pinned_mem_limit {server} 0", MPS.uuid) == "45288M"
     assert env.app.registry.get_sample_value("gpu_slice_mps_limit_slices", {"gpu_uuid": MPS.uuid}) == 4.0
     # The pod's env still carries its own share, as information (a client takes the lower of the two).
     response = res.containers[0].response
     assert response is not None and response.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "57"
     await until(lambda: env.app.book is not None and ("default", "foreign") in env.app.book.admitted)
     await asyncio.to_thread(env.kubelet.delete_pod, pod.uid)
-    await until(lambda: sup.applied(MPS.uuid) == MpsLimits(1, 14, 11651), timeout=15)
+    await until(lambda: sup.applied(MPS.uuid) == MpsLimits(1, 14, 11322), timeout=15)
     assert await asyncio.to_thread(ask, root, f"get_active_thread_percentage {server}", MPS.uuid) == "14.0"
     assert env.app.registry.get_sample_value("gpu_slice_mps_limit_slices", {"gpu_uuid": MPS.uuid}) == 1.0
 
@@ -289,5 +289,5 @@ def test_keeper_without_a_supervisor_changes_nothing() -> None:
 
 def _placement() -> object:
     from gpuslice.placement import Placement
-    return Placement("n", "mps", (GPU,), None, H100.slice_ids()[:2], 23302)
+    return Placement("n", "mps", (GPU,), None, H100.slice_ids()[:2], 22644)
 

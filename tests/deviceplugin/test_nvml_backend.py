@@ -7,10 +7,12 @@ instances, and delivers events through a queue with the real timeout behaviour.
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -48,6 +50,10 @@ class FakeGpu:
     migs: dict[int, FakeMig] = field(default_factory=dict)
     events: int = real.nvmlEventTypeXidCriticalError | real.nvmlEventTypeSingleBitEccError
     lost: bool = False
+    remap: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # None: not supported (pre-Ampere)
+    retired_pending: bool | None = None  # None: not supported
+    processes: list[Any] = field(default_factory=list)  # (pid, used bytes or None)
+    mps_clients: list[Any] = field(default_factory=list)
 
 
 def err(code: int) -> real.NVMLError:
@@ -62,7 +68,8 @@ class FakeNvml:
     def __init__(self, gpus: list[FakeGpu], *, privileged: bool = True, set_fails: int | None = None,
                  init_fails: bool = False) -> None:
         for name in dir(real):
-            if name.startswith(("NVML_ERROR_", "NVML_DEVICE_MIG_", "NVML_COMPUTEMODE_", "nvmlEventType")):
+            if name.startswith(("NVML_ERROR_", "NVML_DEVICE_MIG_", "NVML_COMPUTEMODE_", "nvmlEventType",
+                                "NVML_FEATURE_")):
                 setattr(self, name, getattr(real, name))
         self.gpus = gpus
         self.privileged = privileged
@@ -153,6 +160,28 @@ class FakeNvml:
         if self.set_fails is not None:
             raise err(self.set_fails)
         handle.compute_mode = mode
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> FakeGpu:
+        for gpu in self.gpus:
+            if gpu.uuid == uuid:
+                return gpu
+        raise err(real.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetRemappedRows(self, handle: FakeGpu) -> tuple[int, int, int, int]:
+        if handle.remap is None:
+            raise err(real.NVML_ERROR_NOT_SUPPORTED)
+        return handle.remap
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: FakeGpu) -> int:
+        if handle.retired_pending is None:
+            raise err(real.NVML_ERROR_NOT_SUPPORTED)
+        return real.NVML_FEATURE_ENABLED if handle.retired_pending else real.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu) -> list[Any]:
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in handle.processes]
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: FakeGpu) -> list[Any]:
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in handle.mps_clients]
 
     def nvmlEventSetCreate(self) -> str:
         return "event-set"
@@ -336,14 +365,14 @@ def test_critical_xids_mark_gpus_and_mig_instances_unhealthy_application_xids_ar
                                  "GPU-bbbb": real.nvmlEventTypeXidCriticalError}
         for xid in sorted(APPLICATION_XIDS):
             nv.xid(nv.gpus[1], xid)
-        nv.xid(nv.gpus[1], 79)
+        nv.xid(nv.gpus[1], 92)
         nv.xid(nv.gpus[0], 94, gi=5)
         wait_for(events, 2)
         assert events == [
-            HealthEvent("GPU-bbbb", False, "critical XID 79"),
+            HealthEvent("GPU-bbbb", False, "critical XID 92"),
             HealthEvent("GPU-aaaa", False, "critical XID 94 on MIG instance MIG-2g (GPU instance 5)", "MIG-2g"),
         ]
-        assert backend.unhealthy() == {"GPU-bbbb": "critical XID 79",
+        assert backend.unhealthy() == {"GPU-bbbb": "critical XID 92",
                                        "MIG-2g": "critical XID 94 on MIG instance MIG-2g (GPU instance 5)"}
         mig, whole = backend.discover()
         assert mig.healthy and not whole.healthy
@@ -355,7 +384,7 @@ def test_critical_xids_mark_gpus_and_mig_instances_unhealthy_application_xids_ar
         nv.gpus[1].lost = False
         recovered = backend.check_recovery()
         assert recovered == [HealthEvent("GPU-bbbb", True, "recovered: no critical XID for 60s and NVML answers "
-                                                           "(was: critical XID 79)")]
+                                                           "(was: critical XID 92)")]
         assert backend.unhealthy() == {} and all(g.healthy for g in backend.discover())
     finally:
         backend.close()
@@ -383,3 +412,137 @@ def test_gpu_without_xid_events_is_not_marked_unhealthy() -> None:
     backend.watch_health(events.append)
     backend.close()
     assert events == [] and nv.registered == {}
+
+
+RESET = "the GPU needs a reset (nvidia-smi -r, or a reboot), then a restart of the plugin"
+
+
+def test_xid_95_needs_a_reset_and_never_recovers_even_when_nvml_answers() -> None:
+    nv = FakeNvml(node()[:2])
+    clock = Clock()
+    backend = NvmlBackend(nv, quiet_period_s=60, clock=clock)
+    backend.discover()
+    events: list[HealthEvent] = []
+    backend._emit = events.append
+    nv.xid(nv.gpus[1], 95)
+    backend.handle_event(nv.events.get_nowait())
+    why = f"critical XID 95 (uncontained ECC error): {RESET}"
+    assert events == [HealthEvent("GPU-bbbb", False, why)]
+    clock.now += 3600  # an hour of quiet, and UUID and memory reads answer
+    assert backend.check_recovery() == []
+    assert backend.unhealthy() == {"GPU-bbbb": why}
+    nv.xid(nv.gpus[1], 92)  # a lesser XID later does not replace the reason or the stickiness
+    backend.handle_event(nv.events.get_nowait())
+    clock.now += 3600
+    assert backend.check_recovery() == [] and backend.unhealthy() == {"GPU-bbbb": why}
+    assert [g.healthy for g in backend.discover()] == [True, False]
+
+
+def test_pending_row_remaps_and_retired_pages_need_a_reset() -> None:
+    gpus = node()[:2]
+    gpus[0].remap = (3, 1, 1, 0)  # a remap pending: applied only by a reset
+    gpus[1].remap = None
+    gpus[1].retired_pending = True
+    nv = FakeNvml(gpus)
+    clock = Clock()
+    backend = NvmlBackend(nv, quiet_period_s=60, event_timeout_ms=20, clock=clock)
+    events: list[HealthEvent] = []
+    backend.watch_health(events.append)
+    try:
+        assert sorted(events, key=lambda e: e.gpu_uuid) == [
+            HealthEvent("GPU-aaaa", False, f"row remapping pending: {RESET}"),
+            HealthEvent("GPU-bbbb", False, f"retired pages pending: {RESET}")]
+        clock.now += 3600
+        assert backend.check_recovery() == []
+    finally:
+        backend.close()
+    gpus[0].remap, gpus[1].retired_pending = (0, 0, 0, 1), False
+    again = NvmlBackend(FakeNvml(gpus))
+    again.discover()
+    assert again.check_reset_needed() == ["GPU-aaaa"]
+    assert again.unhealthy() == {"GPU-aaaa": f"row remapping failed (the GPU may need replacing): {RESET}"}
+
+
+def test_an_unadvertised_mig_instance_s_xid_touches_no_advertised_instance() -> None:
+    gpu = mig_gpu()
+    gpu.migs[5] = FakeMig("MIG-split", 7, 14, 4, 20096, 2, ci_slices=1)  # split: not advertised
+    del gpu.migs[2]
+    nv = FakeNvml([gpu])
+    backend = NvmlBackend(nv)
+    found, = backend.discover()
+    assert "MIG-split" not in {i.uuid for i in found.instances}
+    events: list[HealthEvent] = []
+    backend._emit = events.append
+    nv.xid(gpu, 43 + 1, gi=7)  # XID 44, a graphics engine fault, in the unadvertised instance
+    backend.handle_event(nv.events.get_nowait())
+    assert events == [] and backend.unhealthy() == {}
+    assert backend.discover()[0].healthy
+    nv.xid(gpu, 95, gi=7)  # uncontained ECC: the whole GPU, whichever instance reported it
+    backend.handle_event(nv.events.get_nowait())
+    assert events == [HealthEvent("GPU-aaaa", False, f"critical XID 95 (uncontained ECC error) (reported by GPU "
+                                                     f"instance 7): {RESET}")]
+
+
+def test_exclusive_process_set_by_gpu_slice_is_restored_after_a_plugin_restart(tmp_path: Path) -> None:
+    gpus = [FakeGpu("GPU-bbbb", H100, 81559, compute_mode=real.NVML_COMPUTEMODE_PROHIBITED)]
+    nv = FakeNvml(gpus)
+    first = NvmlBackend(nv, default_target=GpuTarget("whole", 7), record_root=tmp_path)
+    first.apply_targets({"GPU-bbbb": GpuTarget("mps", 7)}, frozenset())
+    assert gpus[0].compute_mode == real.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    first.close()
+    # A new plugin process: only the host record says EXCLUSIVE_PROCESS was gpu-slice's doing.
+    second = NvmlBackend(FakeNvml(gpus), default_target=GpuTarget("mps", 7), record_root=tmp_path)
+    assert second.apply_targets({"GPU-bbbb": GpuTarget("whole", 7)}, frozenset()) == [
+        "GPU GPU-bbbb: changed: mps(S=7) -> whole(S=7); set compute mode PROHIBITED (gpu-slice had set "
+        "EXCLUSIVE_PROCESS)"]
+    assert gpus[0].compute_mode == real.NVML_COMPUTEMODE_PROHIBITED
+    assert json.loads((tmp_path / "compute-modes.json").read_text()) == {"v": 1, "gpus": {}}
+    # Without the record a restarted plugin would have left the GPU exclusive.
+    gpus[0].compute_mode = real.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+    blind = NvmlBackend(FakeNvml(gpus), default_target=GpuTarget("mps", 7))
+    assert blind.apply_targets({"GPU-bbbb": GpuTarget("whole", 7)}, frozenset()) == [
+        "GPU GPU-bbbb: changed: mps(S=7) -> whole(S=7)"]
+    assert gpus[0].compute_mode == real.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+
+
+def test_the_mps_keeper_restores_recorded_compute_modes_at_an_uninstall(tmp_path: Path) -> None:
+    from deviceplugin.compute_mode import restore_recorded, save
+
+    gpus = [FakeGpu("GPU-bbbb", H100, 81559, compute_mode=real.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS),
+            FakeGpu("GPU-cccc", H100, 81559, compute_mode=real.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)]
+    save(tmp_path, {"GPU-bbbb": real.NVML_COMPUTEMODE_DEFAULT})
+    lines = restore_recorded(tmp_path, ["GPU-bbbb", "GPU-cccc"], FakeNvml(gpus))
+    assert lines == ["GPU GPU-bbbb: compute mode restored to 0 (gpu-slice had set EXCLUSIVE_PROCESS)"]
+    # GPU-cccc was exclusive before gpu-slice came: the operator's choice stays.
+    assert [g.compute_mode for g in gpus] == [real.NVML_COMPUTEMODE_DEFAULT,
+                                              real.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS]
+
+
+def test_gpu_processes_list_mps_clients_and_other_compute_processes() -> None:
+    gpu = FakeGpu("GPU-bbbb", H100, 81559, processes=[(100, 300 * MIB), (200, 5000 * MIB), (300, None)],
+                  mps_clients=[(200, 5000 * MIB), (201, 7000 * MIB)])
+    backend = NvmlBackend(FakeNvml([gpu]))
+    backend.discover()
+    from deviceplugin.backend import GpuProcess
+
+    assert backend.gpu_processes("GPU-bbbb") == (
+        GpuProcess(100, 300, False), GpuProcess(200, 5000, True), GpuProcess(201, 7000, True),
+        GpuProcess(300, None, False))
+    with pytest.raises(DiscoveryError, match="no GPU GPU-zzzz"):
+        backend.gpu_processes("GPU-zzzz")
+
+
+def test_mps_gpus_are_marked_for_their_daemons_without_a_config_file(tmp_path: Path) -> None:
+    """apply_targets runs only with a config file; the mps GPUs found at start still get their daemons."""
+    from deviceplugin.mps import MpsOptions
+    from deviceplugin.mps_supervisor import MpsSupervisor
+
+    sup = MpsSupervisor(MpsOptions(root=tmp_path, control_command=("false",), tick_s=3600),
+                        owns_daemons=False, marks_wanted=True)
+    backend = NvmlBackend(FakeNvml([mig_gpu(), FakeGpu("GPU-bbbb", H100, 81559)]), mps=sup, event_timeout_ms=20)
+    backend.watch_health(lambda _e: None)
+    try:
+        assert sorted(p.parent.name for p in tmp_path.glob("*/wanted")) == ["GPU-bbbb"]
+        assert sup.status() == {"GPU-bbbb": False}
+    finally:
+        backend.close()

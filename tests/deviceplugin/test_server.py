@@ -49,7 +49,8 @@ class Plugin:
 async def plugin(kubelet: KubeletStandin) -> AsyncIterator[Plugin]:
     state = PluginState(NODE, book=AssignmentBook(NODE))
     state.set_gpus(builtin_topology(NODE).gpus)
-    servicer = DevicePluginServicer(state, Injector(mps_root=Path("/run/gpu-slice/mps")), preferred_wait_s=0.3)
+    servicer = DevicePluginServicer(state, Injector(mps_root=Path("/run/gpu-slice/mps")), preferred_wait_s=0.3,
+                                    preferred_wait_empty_s=0.3)
     registrar = Registrar(kubelet.plugin_dir, "gpu-slice.sock", RESOURCE,
                           lambda server: pb_grpc.add_DevicePluginServicer_to_server(servicer, server), poll_s=0.05)
     stop = asyncio.Event()
@@ -184,3 +185,27 @@ async def test_preferred_waits_briefly_for_the_pod_cache_before_a_best_fit() -> 
         available_deviceIDs=[s for s in mps.slice_ids()[:4]], allocation_size=2)])
     resp = await asyncio.wait_for(servicer.GetPreferredAllocation(other, None), 2)
     assert len(resp.container_responses[0].deviceIDs) == 2
+
+
+async def test_preferred_waits_longer_while_no_valid_best_fit_is_left() -> None:
+    """An empty answer lets kubelet pick ids itself, which never form the MIG instance a pod needs: while
+    no best fit is left, GetPreferredAllocation waits for the assignment past the short bound."""
+    state = PluginState(NODE, book=AssignmentBook(NODE))
+    state.set_gpus(builtin_topology(NODE).gpus)
+    servicer = DevicePluginServicer(state, Injector(), preferred_wait_s=0.1, preferred_wait_empty_s=3.0)
+    mig = state.gpus[0]
+    inst = next(i for i in mig.instances if i.compute_slices == 1)
+    # Only one id of a 1g instance is offered for a 2-slice request: no valid placement in it.
+    request = pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(
+        available_deviceIDs=list(inst.slice_ids()), allocation_size=2)])
+    call = asyncio.create_task(servicer.GetPreferredAllocation(request, None))
+    await asyncio.sleep(0.5)
+    assert not call.done()  # past the short bound: still waiting, since nothing valid could be offered
+    two = next(i for i in mig.instances if i.compute_slices == 2)
+    wide = pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(
+        available_deviceIDs=list(two.slice_ids()), allocation_size=2)])
+    # A request with a valid best fit is answered at the short bound all the same.
+    resp = await asyncio.wait_for(servicer.GetPreferredAllocation(wide, None), 1)
+    assert sorted(resp.container_responses[0].deviceIDs) == sorted(two.slice_ids())
+    resp = await asyncio.wait_for(call, 4)
+    assert list(resp.container_responses[0].deviceIDs) == []  # bounded: ends empty when nothing arrives

@@ -11,7 +11,8 @@ import yaml
 
 from deviceplugin.backend import GpuTarget, HealthEvent
 from deviceplugin.errors import TopologyError
-from deviceplugin.mps import MpsOptions, MpsSupervisor, pipe_dir, standin_command
+from deviceplugin.mps import MpsOptions, pipe_dir, standin_command
+from deviceplugin.mps_supervisor import MpsSupervisor
 from deviceplugin.simulated import (
     SimulatedBackend,
     builtin_topology,

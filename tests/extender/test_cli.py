@@ -87,6 +87,13 @@ def test_a_bad_config_file_stops_start_up_naming_the_field(tmp_path: Path, text:
     (["--kubeconfig", "/nonexistent/kubeconfig"], "--kubeconfig /nonexistent/kubeconfig: no such file"),
     (["--port", "0"], "--port must be 1..65535"),
     (["--port", "70000"], "--port must be 1..65535"),
+    (["--ops-port", "0"], "--ops-port must be 1..65535"),
+    (["--port", "9000", "--ops-port", "9000"], "--ops-port 9000 is the verbs' --port"),
+    (["--address", "0.0.0.0"], "--address 0.0.0.0 would let anyone who reaches it steer placement"),
+    (["--address", "10.0.0.7", "--tls-cert", "@FILE@", "--tls-key", "@FILE@"], "or give --tls-client-ca"),
+    (["--tls-client-ca", "@FILE@"], "--tls-client-ca needs --tls-cert and --tls-key"),
+    (["--tls-client-ca", "/nonexistent/ca.crt", "--tls-cert", "@FILE@", "--tls-key", "@FILE@"],
+     "--tls-client-ca /nonexistent/ca.crt: no such file"),
     (["--max-body-bytes", "100"], "--max-body-bytes must be at least 1024"),
     (["--signal-interval", "0"], "--signal-interval and --signal-max-age must be > 0"),
     (["--prometheus-url", "prometheus:9090"], "--prometheus-url must start with http:// or https://"),
@@ -117,6 +124,14 @@ def test_good_flags_give_settings(tmp_path: Path, cluster_file: Path, monkeypatc
     assert build_settings(parse("--kubeconfig", kubeconfig, "--no-fencing", "--identity", "x")).fencing is False
     dry = build_settings(parse("--cluster", str(cluster_file)))
     assert dry.cluster == cluster_file and dry.fencing is False  # a dry run has no Lease to read
+    assert (dry.ops_address, dry.ops_port, dry.tls_client_ca) == ("0.0.0.0", 8889, None)
+    # Off loopback only with client certificates; loopback in any spelling needs none.
+    pem = write(tmp_path, "x.pem", "-----BEGIN-----\n")
+    remote = build_settings(parse("--cluster", str(cluster_file), "--address", "0.0.0.0", "--tls-cert", pem,
+                                  "--tls-key", pem, "--tls-client-ca", pem))
+    assert (remote.address, remote.tls_client_ca) == ("0.0.0.0", pem)
+    for loop in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
+        assert build_settings(parse("--cluster", str(cluster_file), "--address", loop)).address == loop
 
 
 def test_run_refuses_a_bad_config_with_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -225,29 +240,31 @@ def test_service_on_the_api_server_turns_ready_after_sync_and_again_after_a_lead
     service = api_service
     settings: Settings = service.settings
     assert settings.fencing and service.fence.enabled
+    fake_api.store.put_pod(pod_obj("p1", 2))
     app = build_app(service.ext, ready=service.ready)
     with TestClient(app) as c:
         assert c.get("/readyz").status_code == 503  # nothing listed yet
         service.start()
         assert wait_for(lambda: c.get("/readyz").status_code == 200)
         assert wait_for(lambda: service.fence.record is not None)
-        assert c.get("/readyz").status_code == 200  # (readiness checks also set the leader gauge)
-        assert metric(c.get("/metrics").text, "gpu_slice_extender_leader") == 1
+        assert metric(c.get("/metrics").text, "gpu_slice_extender_leader") == 1  # no /readyz needed
         got = ok_json(post(c, "filter", filter_names(pod_json("p1", 2), ["gpu-a", "gpu-b"])))
         assert got["NodeNames"] == ["gpu-b"]
 
-        # Another replica takes over. Until a fresh list has caught up this one is not ready (the
-        # node list fails once, so the catching-up is seen).
-        fake_api.fail_next("list", "/api/v1/nodes", code=500)
+        # Another replica takes over: the fence's own poll notices (no /readyz in between). Until a
+        # fresh list has caught up, the verbs refuse too, not only /readyz (the node list is held
+        # back, so the catching-up is seen).
+        fake_api.hang_next("list", "/api/v1/nodes", 1.0)
         fake_api.store.put_lease(lease("gpu-slice-scheduler-1_7f6d5c4b-3a21-4c3b-9a8e-0b8e2c1a5d4f"))
-        service.fence.refresh()
+        assert wait_for(lambda: service.ext.not_ready() != "")
+        got = ok_json(post(c, "filter", filter_names(pod_json("p1", 2), ["gpu-a", "gpu-b"])))
+        assert got["NodeNames"] == [] and "leadership changed" in got["Error"]
         resp = c.get("/readyz")
         assert resp.status_code == 503 and "leadership changed" in resp.text
         assert wait_for(lambda: c.get("/readyz").status_code == 200)
         assert service.informer is not None and service.informer.relists["Node"] >= 2
         assert metric(c.get("/metrics").text, "gpu_slice_extender_leader") == 0
         bind = '{"PodName": "p1", "PodNamespace": "ml", "PodUID": "uid-p1", "Node": "gpu-b"}'
-        fake_api.store.put_pod(pod_obj("p1", 2))
         assert "does not hold its lease" in ok_json(post(c, "bind", bind))["Error"]
 
 
@@ -262,8 +279,10 @@ def free_port() -> int:
 
 def test_gpu_slice_extender_serves_a_fake_cluster_and_stops_on_sigterm(cluster_file: Path) -> None:
     port = free_port()
+    ops = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "gpuslice_cli", "extender", "--cluster", str(cluster_file),
-                             "--address", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                             "--address", "127.0.0.1", "--port", str(port), "--ops-address", "127.0.0.1",
+                             "--ops-port", str(ops), "--log-level", "warning"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
@@ -273,7 +292,7 @@ def test_gpu_slice_extender_serves_a_fake_cluster_and_stops_on_sigterm(cluster_f
             if proc.poll() is not None:
                 return True  # exited: stop waiting, the assertion below says why
             try:
-                return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+                return httpx.get(f"http://127.0.0.1:{ops}/readyz", timeout=2).status_code == 200
             except httpx.TransportError:
                 return False
 
@@ -285,6 +304,10 @@ def test_gpu_slice_extender_serves_a_fake_cluster_and_stops_on_sigterm(cluster_f
                          headers={"Content-Type": "application/json"}, timeout=5)
         result = wire.parse_filter_result(got.json())
         assert got.status_code == 200 and result.error == "" and len(result.passing) == 1
+        # Each port serves its own: no verbs on the ops port, no probes or metrics on the verbs' port.
+        assert httpx.post(f"http://127.0.0.1:{ops}/filter", content=b"{}", timeout=5).status_code == 404
+        assert httpx.get(f"{base}/metrics", timeout=5).status_code == 404
+        assert "gpu_slice_extender_requests_total" in httpx.get(f"http://127.0.0.1:{ops}/metrics", timeout=5).text
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=WAIT)
         assert proc.returncode == 0, err.decode(errors="replace")  # drained, service stopped, clean exit
@@ -303,5 +326,23 @@ def test_memory_binder_keeps_only_pods_that_may_still_be_bound() -> None:
     binder = MemoryBinder([running, pending])
     assert binder.read_pod("ns", "run") is None
     assert binder.read_pod("ns", "wait") == pending
-    binder.bind("ns", "wait", "u2", "n1")
+    binder.bind("ns", "wait", "u2", "n1", {})
     assert [p["metadata"]["name"] for p in binder.node_pods("n1")] == ["wait"]
+
+
+def test_the_first_leader_after_no_lease_starts_without_a_catch_up(fake_api: FakeApiServer,
+                                                                   api_service: Service) -> None:
+    """No Lease yet, then this replica's scheduler creates it: nobody decided before it, so the verbs
+    are not held back (a relist is for a change from another leader)."""
+    for obj in small_cluster():
+        (fake_api.store.put_node if obj["kind"] == "Node" else fake_api.store.put_pod)(obj)
+    service = api_service
+    service.start()
+    assert service.informer is not None
+    assert wait_for(lambda: service.ext.not_ready() == "" and service.informer.synced)
+    assert wait_for(lambda: service.fence.holds() is False and service.fence._observed)
+    relists = dict(service.informer.relists)
+    fake_api.store.put_lease(lease(f"{ME}_0b8e2c1a-5d4f-4c3b-9a8e-7f6d5c4b3a21"))
+    assert wait_for(lambda: service.fence.holds())
+    assert service.ext.not_ready() == "" and service.fence.generation == 1
+    assert service.informer.relists == relists

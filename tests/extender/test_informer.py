@@ -330,3 +330,26 @@ def test_backoff_grows_is_bounded_and_resets() -> None:
     assert b.next() <= 1.25
     no_jitter = Backoff(initial=0.5, maximum=3.0, jitter=0.0)
     assert [no_jitter.next() for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+
+
+def test_a_watch_closed_at_once_without_events_is_not_reopened_in_a_hot_loop(
+        api: FakeApiServer, make: Callable[..., tuple[Informer, Recorder]]) -> None:
+    """A proxy (or an API server under load) ending every watch at once: back off between watches,
+    as client-go's reflector does for a "very short watch"."""
+    codes: list[tuple[str, str]] = []
+    backoff = RecordingBackoff()
+    inf, _rec = make(backoff=lambda: backoff, on_error_metric=lambda k, c: codes.append((k, c)))
+    api.max_watch_seconds = 0.0
+    inf.start()
+    assert inf.wait_synced(WAIT)
+    assert wait_for(lambda: len(backoff.waits) >= 4)
+    assert ("Pod", "short_watch") in codes and ("Node", "short_watch") in codes
+    # Each closed watch waited its backoff before the next; nothing was relisted for it.
+    watches = api.request_count("watch", "/api/v1/pods")
+    assert watches <= sum(1 for k, c in codes if k == "Pod" and c == "short_watch") + 1
+    assert inf.relists == {"Node": 1, "Pod": 1}
+    # A watch that delivers something is a normal one.
+    api.max_watch_seconds = 30.0
+    codes.clear()
+    api.store.put_pod(pod("p2"))
+    assert wait_for(lambda: "ml/p2" in _rec.names("Pod"))

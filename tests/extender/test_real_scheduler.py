@@ -207,12 +207,13 @@ def _request_counts(metrics_text: str) -> dict[str, float]:
 
 class Setup:
     def __init__(self, work: Path, api: Api, port: int, fencing: bool, extender_log: Path,
-                 gpus: dict[str, dict[str, set[str]]]) -> None:
+                 gpus: dict[str, dict[str, set[str]]], ops_port: int) -> None:
         self.work, self.api, self.port, self.fencing, self.extender_log, self.gpus = (
             work, api, port, fencing, extender_log, gpus)
+        self.ops_port = ops_port
 
     def metrics(self) -> dict[str, float]:
-        status, text = _http_get(f"http://127.0.0.1:{self.port}/metrics")
+        status, text = _http_get(f"http://127.0.0.1:{self.ops_port}/metrics")
         assert status == 200, text
         return _request_counts(text)
 
@@ -250,11 +251,11 @@ def real() -> Iterator[Setup]:
                                                for g in inv["gpus"]}
 
         fencing = hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("unshare") is not None
-        port = _free_port()
+        port, ops_port = _free_port(), _free_port()
         log_path = work / "extender.log"
         log_file = open(log_path, "wb")  # noqa: SIM115 - closed in finally
         argv = [sys.executable, "-m", "gpuslice_cli", "extender", "--kubeconfig", kubeconfig, "--port", str(port),
-                "--lease", LEASE, "--identity", HOSTNAME]
+                "--ops-address", "127.0.0.1", "--ops-port", str(ops_port), "--lease", LEASE, "--identity", HOSTNAME]
         if not fencing:
             argv.append("--no-fencing")
         extender = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO)
@@ -263,7 +264,7 @@ def real() -> Iterator[Setup]:
             assert extender is not None
             if extender.poll() is not None:
                 raise AssertionError(f"extender exited ({extender.returncode}):\n{log_path.read_text()[-3000:]}")
-            return _http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200
+            return _http_get(f"http://127.0.0.1:{ops_port}/readyz")[0] == 200
         _wait("extender /readyz", ready, 30)
 
         # The shipped config, with only the extender's port changed.
@@ -276,7 +277,7 @@ def real() -> Iterator[Setup]:
         _cluster("scheduler", str(work), str(sched_config), *(["--hostname", HOSTNAME] if fencing else []))
         if fencing:
             _wait("kube-scheduler to take the Lease", lambda: api.lease_holder().startswith(HOSTNAME + "_"), 30)
-        yield Setup(work, api, port, fencing, log_path, gpus)
+        yield Setup(work, api, port, fencing, log_path, gpus, ops_port)
     finally:
         try:
             _stop(extender)
@@ -409,3 +410,55 @@ def test_real_scheduler_preempts_through_the_extender(real: Setup) -> None:
     a = json.loads(pod["metadata"]["annotations"][ASSIGNMENT])
     assert a["node"] == whole and a["podUID"] == pod["metadata"]["uid"]
     assert set(a["sliceIds"]) == set().union(*real.gpus[whole].values())
+
+
+def test_one_binding_carries_the_assignment_on_the_real_apiserver(real: Setup) -> None:
+    """The contract ``/bind`` rests on, checked on kube-apiserver 1.36 through the extender's own binder:
+    the binding subresource merges the Binding's ``metadata.annotations`` into the pod with
+    ``spec.nodeName`` in one 201; its UID is a precondition (a 409 that writes nothing); a second
+    Binding is refused and leaves the first one's annotation as it was."""
+    from kubernetes import client
+
+    from extender.binder import ApiBinder
+    from extender.errors import KubeApiError
+
+    api = real.api
+    node = sorted(real.gpus)[0]
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bind-contract", "namespace": NS},
+            "spec": {"schedulerName": "nobody-schedules-this",
+                     "containers": [{"name": "c", "image": "registry.invalid/x:1"}]}}
+    created = api._json(api.core.create_namespaced_pod(NS, body, _preload_content=False))
+    uid = created["metadata"]["uid"]
+    binder = ApiBinder(api.client, timeout_s=10.0)
+    watch = client.CoreV1Api(api.client).list_namespaced_pod(
+        NS, watch=True, field_selector="metadata.name=bind-contract", resource_version=created["metadata"][
+            "resourceVersion"], timeout_seconds=3, _preload_content=False)
+
+    with pytest.raises(KubeApiError) as refused:
+        binder.bind(NS, "bind-contract", "00000000-0000-0000-0000-000000000000", node, {ASSIGNMENT: "{\"v\":1}"})
+    assert refused.value.status == 409 and "Precondition failed" in str(refused.value)
+    pod = binder.read_pod(NS, "bind-contract")
+    assert pod is not None and not pod["spec"].get("nodeName") and ASSIGNMENT not in (
+        pod["metadata"].get("annotations") or {})
+
+    binder.bind(NS, "bind-contract", uid, node, {ASSIGNMENT: "{\"v\":1,\"first\":true}"})
+    pod = binder.read_pod(NS, "bind-contract")
+    assert pod is not None and pod["spec"]["nodeName"] == node
+    assert pod["metadata"]["annotations"][ASSIGNMENT] == "{\"v\":1,\"first\":true}"
+    assert {"type": "PodScheduled", "status": "True"}.items() <= next(
+        c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled").items()
+
+    with pytest.raises(KubeApiError) as again:
+        binder.bind(NS, "bind-contract", uid, node, {ASSIGNMENT: "{\"v\":1,\"second\":true}"})
+    assert again.value.status == 409 and "already assigned" in str(again.value)
+    assert (binder.read_pod(NS, "bind-contract") or {})["metadata"]["annotations"][ASSIGNMENT] == (
+        "{\"v\":1,\"first\":true}")
+
+    # One write: the watch saw exactly one change, which carried the node and the annotation together.
+    events = [json.loads(line) for line in watch.read().splitlines() if line.strip()]
+    watch.release_conn()
+    changes = [e for e in events if e["type"] == "MODIFIED"]
+    assert len(changes) == 1, [e["type"] for e in events]
+    assert changes[0]["object"]["spec"]["nodeName"] == node
+    assert ASSIGNMENT in changes[0]["object"]["metadata"]["annotations"]
+    api.core.delete_namespaced_pod("bind-contract", NS, grace_period_seconds=0, _preload_content=False)

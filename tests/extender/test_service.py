@@ -9,7 +9,7 @@ called with the wire types directly; the HTTP layer is test_app.py's business.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -142,8 +142,8 @@ def lease(holder: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ binding
 
 
-def test_bind_writes_the_assignment_then_creates_the_binding(fake_api: FakeApiServer,
-                                                              live: Callable[..., Live]) -> None:
+def test_bind_is_one_binding_that_carries_the_assignment(fake_api: FakeApiServer,
+                                                         live: Callable[..., Live]) -> None:
     arrange(fake_api, ("p1", 2))
     r = live()
     uid = r.pod("p1")["metadata"]["uid"]
@@ -155,7 +155,12 @@ def test_bind_writes_the_assignment_then_creates_the_binding(fake_api: FakeApiSe
 
     assert r.bind("p1", "gpu-b") == ""
 
-    assert writes(fake_api, "p1") == [("patch", POD_PATH.format("p1")), ("create", BINDING_PATH.format("p1"))]
+    # One write, no read: the pod comes from the watched view, the assignment rides in the Binding.
+    assert writes(fake_api, "p1") == [("create", BINDING_PATH.format("p1"))]
+    assert reads(fake_api, "p1") == 0
+    (sent,) = [q.body for q in fake_api.requests if q.verb == "create" and q.path == BINDING_PATH.format("p1")]
+    assert sent["metadata"]["uid"] == uid and sent["target"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-b"}
+    assert set(sent["metadata"]["annotations"]) == {ann.ASSIGNMENT_KEY}
     stored = r.pod("p1")
     assert stored["spec"]["nodeName"] == "gpu-b"
     written = assignment(stored)
@@ -175,7 +180,7 @@ def test_the_same_pod_bound_twice_is_answered_once(fake_api: FakeApiServer, live
     r = live()
     assert r.schedule("p1") == "gpu-b"
     assert r.bind("p1", "gpu-b") == ""  # kube-scheduler retried: no second write
-    assert writes(fake_api, "p1") == [("patch", POD_PATH.format("p1")), ("create", BINDING_PATH.format("p1"))]
+    assert writes(fake_api, "p1") == [("create", BINDING_PATH.format("p1"))]
     assert "already bound to gpu-b" in r.bind("p1", "gpu-a")
 
     # Two binds of one pod at the same time: one writes, the other finds it bound.
@@ -188,7 +193,7 @@ def test_the_same_pod_bound_twice_is_answered_once(fake_api: FakeApiServer, live
     for t in threads:
         t.join(WAIT)
     assert answers == ["", ""]
-    assert writes(fake_api, "p2") == [("patch", POD_PATH.format("p2")), ("create", BINDING_PATH.format("p2"))]
+    assert writes(fake_api, "p2") == [("create", BINDING_PATH.format("p2"))]
 
 
 def test_bind_is_refused_while_another_replica_holds_the_lease(fake_api: FakeApiServer,
@@ -229,7 +234,7 @@ def test_an_unclear_error_after_the_binding_took_effect_is_success(fake_api: Fak
     assert r.bind("p1", "gpu-b") == ""
 
     assert fault.hits == 1
-    assert reads(fake_api, "p1") == 2  # once before writing, once to find out what happened
+    assert reads(fake_api, "p1") == 1  # only to find out what happened
     stored = r.pod("p1")
     assert stored["spec"]["nodeName"] == "gpu-b"
     written = assignment(stored)
@@ -239,9 +244,10 @@ def test_an_unclear_error_after_the_binding_took_effect_is_success(fake_api: Fak
 
 
 @pytest.mark.parametrize(("code", "reads_after"), [(500, 1), (503, 1), (403, 0), (422, 0)])
-def test_a_binding_that_failed_before_taking_effect_is_undone(fake_api: FakeApiServer, live: Callable[..., Live],
-                                                              code: int, reads_after: int) -> None:
-    """Unclear (5xx): the pod is read, found unbound, undone. Clear (4xx): undone without reading."""
+def test_a_binding_that_failed_before_taking_effect_leaves_nothing_to_undo(
+        fake_api: FakeApiServer, live: Callable[..., Live], code: int, reads_after: int) -> None:
+    """Unclear (5xx): the pod is read and found unbound. Clear (4xx): not read. Either way the Binding
+    wrote nothing (it is atomic): the pod has no assignment and the reservation is released."""
     arrange(fake_api, ("p1", 2))
     r = live()
     uid = r.pod("p1")["metadata"]["uid"]
@@ -253,8 +259,8 @@ def test_a_binding_that_failed_before_taking_effect_is_undone(fake_api: FakeApiS
     error = r.bind("p1", "gpu-b")
 
     assert error.startswith("bind ml/p1 to gpu-b: ") and str(code) in error
-    assert reads(fake_api, "p1") == 1 + reads_after
-    assert [v for v, _ in writes(fake_api, "p1")] == ["patch", "create", "patch"]  # assign, bind, take back
+    assert reads(fake_api, "p1") == reads_after
+    assert [v for v, _ in writes(fake_api, "p1")] == ["create"]
     stored = r.pod("p1")
     assert "nodeName" not in stored["spec"]
     assert assignment(stored) is None
@@ -267,53 +273,39 @@ def test_a_binding_that_failed_before_taking_effect_is_undone(fake_api: FakeApiS
     assert r.pod("p1")["spec"]["nodeName"] == "gpu-b"
 
 
-def test_an_assignment_patch_that_failed_after_taking_effect_is_taken_back(fake_api: FakeApiServer,
-                                                                           live: Callable[..., Live]) -> None:
-    arrange(fake_api, ("p1", 2))
-    r = live()
-    uid = r.pod("p1")["metadata"]["uid"]
-    assert r.filter("p1").passing == ("gpu-b",)
-    fake_api.fail_next("patch", POD_PATH.format("p1"), code=500, commit=True)
-    fake_api.reset_counts()
-
-    assert "500" in r.bind("p1", "gpu-b")
-
-    assert [v for v, _ in writes(fake_api, "p1")] == ["patch", "patch"]  # no Binding was attempted
-    assert assignment(r.pod("p1")) is None
-    assert r.ext.view.reservations.get(uid) is None
-    assert uid not in set(held_slices(r.ext)["gpu-b"].values())
-
-
 @pytest.mark.parametrize("took_effect", [True, False])
-def test_an_unclear_error_that_cannot_be_cleared_up_leaves_the_assignment(fake_api: FakeApiServer,
+def test_an_unclear_error_that_cannot_be_cleared_up_keeps_the_reservation(fake_api: FakeApiServer,
                                                                           live: Callable[..., Live],
                                                                           took_effect: bool) -> None:
-    """The Binding failed unclearly and the pod cannot be read either: it may be bound, so the assignment
-    stays (unbound, it holds its slices only until its reservation time is up) and the scheduler retries."""
+    """The Binding failed unclearly and the pod cannot be read either: it may be bound, so the slices
+    stay held for the pod (its reservation, until its time is up) and the scheduler retries."""
     arrange(fake_api, ("p1", 2))
     r = live()
     uid = r.pod("p1")["metadata"]["uid"]
     assert r.filter("p1").passing == ("gpu-b",)
-    fake_api.inject("get", POD_PATH.format("p1"))  # the first read goes through
-    fake_api.fail_next("get", POD_PATH.format("p1"), code=503)  # the read after the failure does not
+    reserved = r.ext.view.reservations.get(uid)
+    assert reserved is not None
+    fake_api.fail_next("get", POD_PATH.format("p1"), code=503)  # the read after the failure fails
     fake_api.fail_next("create", BINDING_PATH.format("p1"), code=500, commit=took_effect)
     fake_api.reset_counts()
 
     error = r.bind("p1", "gpu-b")
 
-    assert "500" in error
-    assert [v for v, _ in writes(fake_api, "p1")] == ["patch", "create"]  # nothing taken back
+    assert "500" in error and "the outcome is unknown" in error
+    assert [v for v, _ in writes(fake_api, "p1")] == ["create"]
     stored = r.pod("p1")
     assert ("nodeName" in stored["spec"]) is took_effect
-    written = assignment(stored)
-    assert written is not None and written.node == "gpu-b"
-    assert set(written.slice_ids) == {s for s, u in held_slices(r.ext)["gpu-b"].items() if u == uid}
+    assert (assignment(stored) is not None) is took_effect  # atomic: both or neither
+    assert set(reserved.slice_ids) == {s for s, u in held_slices(r.ext)["gpu-b"].items() if u == uid}
 
     # kube-scheduler retries the bind: bound means done; otherwise the Binding is made for the same slices.
+    if took_effect:
+        assert wait_for(lambda: r.sees_bound("p1", "gpu-b"))
     assert r.bind("p1", "gpu-b") == ""
     assert r.pod("p1")["spec"]["nodeName"] == "gpu-b"
-    assert assignment(r.pod("p1")) == written
-    assert [v for v, _ in writes(fake_api, "p1")] == ["patch", "create"] + ([] if took_effect else ["create"])
+    written = assignment(r.pod("p1"))
+    assert written is not None and written.slice_ids == reserved.slice_ids
+    assert [v for v, _ in writes(fake_api, "p1")] == ["create"] + ([] if took_effect else ["create"])
 
 
 def test_bind_decides_on_the_watched_view_without_listing_the_node(fake_api: FakeApiServer,
@@ -324,7 +316,7 @@ def test_bind_decides_on_the_watched_view_without_listing_the_node(fake_api: Fak
     fake_api.reset_counts()
     assert r.bind("p1", "gpu-b") == ""
     assert fake_api.request_count("list", "/api/v1/pods") == 0
-    assert reads(fake_api, "p1") == 1
+    assert reads(fake_api, "p1") == 0
 
 
 def stale_refusal(fake_api: FakeApiServer, r: Live) -> None:
@@ -429,8 +421,8 @@ def test_a_failed_read_of_the_nominated_node_keeps_the_views_answer(fake_api: Fa
     assert r.filter("p3", ("gpu-b",)).passing == ("gpu-b",)  # the next try reads the node's pods
 
 
-def test_a_dropped_connection_is_unclear_and_undone_once_the_pod_reads_unbound(fake_api: FakeApiServer,
-                                                                               live: Callable[..., Live]) -> None:
+def test_a_dropped_connection_is_unclear_and_released_once_the_pod_reads_unbound(
+        fake_api: FakeApiServer, live: Callable[..., Live]) -> None:
     arrange(fake_api, ("p1", 2))
     r = live()
     uid = r.pod("p1")["metadata"]["uid"]
@@ -438,7 +430,7 @@ def test_a_dropped_connection_is_unclear_and_undone_once_the_pod_reads_unbound(f
     fake_api.inject("create", BINDING_PATH.format("p1"), drop=True)
     fake_api.reset_counts()
     assert r.bind("p1", "gpu-b").startswith("bind ml/p1 to gpu-b: bind pod ml/p1 to gpu-b: ")
-    assert reads(fake_api, "p1") == 2
+    assert reads(fake_api, "p1") == 1
     assert assignment(r.pod("p1")) is None
     assert uid not in set(held_slices(r.ext)["gpu-b"].values())
 
@@ -448,13 +440,16 @@ def test_a_pod_replaced_under_the_same_name_is_not_bound(fake_api: FakeApiServer
     r = live()
     old_uid = r.pod("p1")["metadata"]["uid"]
     assert r.filter("p1").passing == ("gpu-b",)
+    r.informer.stop()  # the view still holds the old pod: the Binding's UID precondition refuses it
     fake_api.store.remove("pods", "p1", NS)
     fake_api.store.put_pod(pod_obj("p1", 2, uid="uid-p1-again"))
     fake_api.reset_counts()
 
     assert "was replaced" in r.bind("p1", "gpu-b", uid=old_uid)
-    assert writes(fake_api, "p1") == []
-    assert "nodeName" not in r.pod("p1")["spec"]
+    assert writes(fake_api, "p1") == [("create", BINDING_PATH.format("p1"))]  # refused with 409
+    assert reads(fake_api, "p1") == 1
+    assert "nodeName" not in r.pod("p1")["spec"] and assignment(r.pod("p1")) is None
+    assert r.ext.view.reservations.get(old_uid) is None
 
 
 # ------------------------------------------------------------------------------------------ the watch
@@ -646,26 +641,29 @@ def test_events_the_core_cannot_read_are_ignored() -> None:
 def test_the_dry_run_binder_refuses_what_the_api_server_would() -> None:
     binder = MemoryBinder([pod_obj("p1", 2)])
     with pytest.raises(KubeApiError) as err:
-        binder.write_assignment(NS, "ghost", "uid-ghost", "{}")
+        binder.bind(NS, "ghost", "uid-ghost", "gpu-a", {})
     assert err.value.status == 404
     with pytest.raises(KubeApiError) as err:
-        binder.bind(NS, "p1", "uid-of-another-p1", "gpu-a")
+        binder.bind(NS, "p1", "uid-of-another-p1", "gpu-a", {ann.ASSIGNMENT_KEY: "{}"})
     assert err.value.status == 409
-    assert binder.write_assignment(NS, "p1", "uid-p1", "{}")["metadata"]["annotations"][ann.ASSIGNMENT_KEY] == "{}"
-    assert ann.ASSIGNMENT_KEY not in binder.write_assignment(NS, "p1", "uid-p1", None)["metadata"]["annotations"]
+    assert ann.ASSIGNMENT_KEY not in ((binder.read_pod(NS, "p1") or {})["metadata"].get("annotations") or {})
     assert binder.read_pod(NS, "ghost") is None
-    binder.bind(NS, "p1", "uid-p1", "gpu-a")
+    binder.bind(NS, "p1", "uid-p1", "gpu-a", {ann.ASSIGNMENT_KEY: "{}"})
+    bound = binder.read_pod(NS, "p1")
+    assert bound is not None and bound["spec"]["nodeName"] == "gpu-a"
+    assert bound["metadata"]["annotations"][ann.ASSIGNMENT_KEY] == "{}"  # merged with the bind, as the API server does
     with pytest.raises(KubeApiError) as err:
-        binder.bind(NS, "p1", "uid-p1", "gpu-b")
+        binder.bind(NS, "p1", "uid-p1", "gpu-b", {ann.ASSIGNMENT_KEY: "{\"other\": 1}"})
     assert err.value.status == 409 and "already assigned to node gpu-a" in str(err.value)
+    assert (binder.read_pod(NS, "p1") or {})["metadata"]["annotations"][ann.ASSIGNMENT_KEY] == "{}"
     assert binder.binds == [(NS, "p1", "gpu-a")]
 
 
 class _RacingBinder(MemoryBinder):
     """A binder whose Binding is refused with 409 because another call already bound the pod there."""
 
-    def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        super().bind(namespace, name, uid, node)
+    def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
+        super().bind(namespace, name, uid, node, annotations)
         raise KubeApiError(f'pod {name} is already assigned to node "{node}"', 409)
 
 

@@ -1,8 +1,11 @@
-"""Signals from a tiny local Prometheus stand-in that serves hand-written /api/v1/query answers.
+"""Signals from a tiny local Prometheus stand-in that serves /api/v1/query answers.
 
-The answers below are typed out by hand in the Prometheus HTTP API's format (a matrix for the range
-selectors the refresher sends, values as strings, times as Unix seconds) with the label sets of
-dcgm-exporter up to 4.8 (``Hostname``, ``DCGM_FI_PROF_*_ACTIVE``), of 4.9 (``hostname``,
+The refresher sends one instant query per metric name (``label_replace(timestamp(NAME), ...) or
+last_over_time(NAME[W])``); Prometheus answers an instant vector holding, per series, its latest value
+and a twin labelled ``gpu_slice_sample="time"`` whose value is that sample's own time. ``REAL_ANSWER``
+is such an answer as Prometheus 2.42 gave it, typed out by hand; the tables below are written in that
+form by :func:`answer` (value strings, Unix-second times, the evaluation time of the query) with the
+label sets of dcgm-exporter up to 4.8 (``Hostname``, ``DCGM_FI_PROF_*_ACTIVE``), of 4.9 (``hostname``,
 ``*_UTIL_RATIO``) and of OpenCost (reference 3.2-3.3 and 4).
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -28,74 +32,61 @@ NOW = 1_750_000_000.0
 GPU0 = "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"
 GPU1 = "GPU-1b2c3d4e-0000-1111-2222-333344445555"
 GPU2 = "GPU-9f8e7d6c-aaaa-bbbb-cccc-ddddeeeeffff"
-MIG9 = "MIG-0d5ef6a1-7c1b-5a55-8f0f-3b4c8d2e1a90"
 NODE = "gpu-node-1"
 
-EMPTY = '{"status":"success","data":{"resultType":"matrix","result":[]}}'
+EMPTY = '{"status":"success","data":{"resultType":"vector","result":[]}}'
+
+# What Prometheus 2.42 answered to the query for ``up`` (one series), by hand.
+REAL_ANSWER = """{"status":"success","data":{"resultType":"vector","result":[
+ {"metric":{"gpu_slice_sample":"time","instance":"127.0.0.1:19099","job":"self"},
+  "value":[1796549747.317,"1796549743.208"]},
+ {"metric":{"__name__":"up","instance":"127.0.0.1:19099","job":"self"},"value":[1796549747.317,"1"]}]}}"""
+
+
+def answer(name: str, *rows: tuple[str, float, str]) -> str:
+    """The answer to the query for ``name``: per (labels as JSON text without braces, sample time,
+    value) a value series and its sample-time twin, evaluated at ``NOW``."""
+    out = []
+    for labels, at, value in rows:
+        out.append(f'{{"metric":{{"gpu_slice_sample":"time",{labels}}},"value":[{NOW},"{at}"]}}')
+        out.append(f'{{"metric":{{"__name__":"{name}",{labels}}},"value":[{NOW},"{value}"]}}')
+    return '{"status":"success","data":{"resultType":"vector","result":[' + ",".join(out) + "]}}"
+
+
+H0 = '"gpu":"0","UUID":"GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52","device":"nvidia0","Hostname":"gpu-node-1"'
+H1_GI9 = ('"gpu":"1","UUID":"GPU-1b2c3d4e-0000-1111-2222-333344445555","GPU_I_PROFILE":"1g.10gb",'
+          '"GPU_I_ID":"9","Hostname":"gpu-node-1","container":"main","namespace":"ml","pod":"llm-0"')
+H2 = '"gpu":"2","UUID":"GPU-9f8e7d6c-aaaa-bbbb-cccc-ddddeeeeffff","device":"nvidia2","Hostname":"gpu-node-1"'
 
 # dcgm-exporter <= 4.8: Hostname, PROF *_ACTIVE, GPU_UTIL in percent; one whole GPU (GPU0), one MIG
 # instance (GPU1, GI 9), one GPU without profiling metrics (GPU2).
 OLD = {
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": """{"status":"success","data":{"resultType":"matrix","result":[
- {"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_ACTIVE","gpu":"0","UUID":"GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",
-  "pci_bus_id":"00000000:07:00.0","device":"nvidia0","modelName":"NVIDIA H100 80GB HBM3","Hostname":"gpu-node-1",
-  "DCGM_FI_DRIVER_VERSION":"550.54.15","instance":"10.0.0.5:9400","job":"dcgm-exporter"},
-  "values":[[1749999940,"0.30"],[1749999970,"0.42"]]},
- {"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_ACTIVE","gpu":"1","UUID":"GPU-1b2c3d4e-0000-1111-2222-333344445555",
-  "pci_bus_id":"00000000:0F:00.0","device":"nvidia1","modelName":"NVIDIA H100 80GB HBM3","GPU_I_PROFILE":"1g.10gb",
-  "GPU_I_ID":"9","Hostname":"gpu-node-1","DCGM_FI_DRIVER_VERSION":"550.54.15","container":"main","namespace":"ml",
-  "pod":"llm-0"},
-  "values":[[1749999990.5,"0.8"]]}
-]}}""",
-    "DCGM_FI_PROF_DRAM_ACTIVE": """{"status":"success","data":{"resultType":"matrix","result":[
- {"metric":{"__name__":"DCGM_FI_PROF_DRAM_ACTIVE","gpu":"0","UUID":"GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",
-  "device":"nvidia0","modelName":"NVIDIA H100 80GB HBM3","Hostname":"gpu-node-1"},
-  "values":[[1749999985,"0.9"]]}
-]}}""",
-    "DCGM_FI_DEV_GPU_UTIL": """{"status":"success","data":{"resultType":"matrix","result":[
- {"metric":{"__name__":"DCGM_FI_DEV_GPU_UTIL","gpu":"0","UUID":"GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",
-  "device":"nvidia0","Hostname":"gpu-node-1"},"values":[[1749999970,"5"]]},
- {"metric":{"__name__":"DCGM_FI_DEV_GPU_UTIL","gpu":"2","UUID":"GPU-9f8e7d6c-aaaa-bbbb-cccc-ddddeeeeffff",
-  "device":"nvidia2","Hostname":"gpu-node-1"},"values":[[1749999960,"37"]]}
-]}}""",
-    "DCGM_FI_DEV_FB_USED": """{"status":"success","data":{"resultType":"matrix","result":[
- {"metric":{"__name__":"DCGM_FI_DEV_FB_USED","gpu":"1","UUID":"GPU-1b2c3d4e-0000-1111-2222-333344445555",
-  "GPU_I_PROFILE":"1g.10gb","GPU_I_ID":"9","Hostname":"gpu-node-1"},"values":[[1749999990,"1024"]]}
-]}}""",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": answer("DCGM_FI_PROF_GR_ENGINE_ACTIVE", (H0, 1749999970, "0.42"),
+                                            (H1_GI9, 1749999990.5, "0.8")),
+    "DCGM_FI_PROF_DRAM_ACTIVE": answer("DCGM_FI_PROF_DRAM_ACTIVE", (H0, 1749999985, "0.9")),
+    "DCGM_FI_DEV_GPU_UTIL": answer("DCGM_FI_DEV_GPU_UTIL", (H0, 1749999970, "5"), (H2, 1749999960, "37")),
 }
 
-# dcgm-exporter 4.9: hostname, *_UTIL_RATIO names, DCGM_FI_SYSTEM_DRIVER_VERSION.
+# dcgm-exporter 4.9: hostname, *_UTIL_RATIO names.
 NEW = {
-    "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO": """{"status":"success","data":{"resultType":"matrix","result":[
- {"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO","gpu":"0","UUID":"GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",
-  "device":"nvidia0","modelName":"NVIDIA H100 80GB HBM3","hostname":"gpu-node-1",
-  "DCGM_FI_SYSTEM_DRIVER_VERSION":"580.65.06"},"values":[[1749999970,"0.42"]]},
- {"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO","gpu":"1","UUID":"GPU-1b2c3d4e-0000-1111-2222-333344445555",
-  "GPU_I_PROFILE":"1g.10gb","GPU_I_ID":"9","hostname":"gpu-node-1"},"values":[[1749999990.5,"0.8"]]}
-]}}""",
-    "DCGM_FI_PROF_DRAM_UTIL_RATIO": """{"status":"success","data":{"resultType":"matrix","result":[
- {"metric":{"__name__":"DCGM_FI_PROF_DRAM_UTIL_RATIO","gpu":"0","UUID":"GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",
-  "hostname":"gpu-node-1"},"values":[[1749999985,"0.9"]]}
-]}}""",
-    "DCGM_FI_DEV_GPU_UTIL_RATIO": """{"status":"success","data":{"resultType":"matrix","result":[
- {"metric":{"__name__":"DCGM_FI_DEV_GPU_UTIL_RATIO","gpu":"2","UUID":"GPU-9f8e7d6c-aaaa-bbbb-cccc-ddddeeeeffff",
-  "hostname":"gpu-node-1"},"values":[[1749999960,"0.37"]]}
-]}}""",
+    "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO": answer(
+        "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", (H0.replace("Hostname", "hostname"), 1749999970, "0.42"),
+        (H1_GI9.replace("Hostname", "hostname"), 1749999990.5, "0.8")),
+    "DCGM_FI_PROF_DRAM_UTIL_RATIO": answer("DCGM_FI_PROF_DRAM_UTIL_RATIO",
+                                           (H0.replace("Hostname", "hostname"), 1749999985, "0.9")),
+    "DCGM_FI_DEV_GPU_UTIL_RATIO": answer("DCGM_FI_DEV_GPU_UTIL_RATIO",
+                                         (H2.replace("Hostname", "hostname"), 1749999960, "0.37")),
 }
 
 OPENCOST = {
-    "node_total_hourly_cost": """{"status":"success","data":{"resultType":"matrix","result":[
- {"metric":{"__name__":"node_total_hourly_cost","instance":"gpu-node-1","node":"gpu-node-1",
-  "instance_type":"p5.48xlarge","region":"us-east-2","provider_id":"aws:///us-east-2a/i-0abc","arch":"amd64",
-  "job":"opencost"},"values":[[1749999900,"98.10"],[1749999960,"98.32"]]},
- {"metric":{"__name__":"node_total_hourly_cost","instance":"old-node","node":"old-node","instance_type":"g5.xlarge"},
-  "values":[[1749999000,"1.01"]]}
-]}}""",
-    "node_gpu_hourly_cost": """{"status":"success","data":{"resultType":"matrix","result":[
- {"metric":{"__name__":"node_gpu_hourly_cost","instance":"gpu-node-1","node":"gpu-node-1",
-  "instance_type":"p5.48xlarge"},"values":[[1749999960,"12.29"]]}
-]}}""",
+    "node_total_hourly_cost": answer(
+        "node_total_hourly_cost",
+        ('"instance":"gpu-node-1","node":"gpu-node-1","instance_type":"p5.48xlarge","region":"us-east-2",'
+         '"job":"opencost"', 1749999960, "98.32"),
+        ('"instance":"old-node","node":"old-node","instance_type":"g5.xlarge"', 1749999000, "1.01")),
 }
+
+_NAME_IN_QUERY = re.compile(r"timestamp\(([A-Za-z_:][A-Za-z0-9_:]*)")
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -106,7 +97,8 @@ class _QuietServer(ThreadingHTTPServer):
 
 
 class FakePrometheus:
-    """``/api/v1/query`` on 127.0.0.1: the answer whose key (a metric name) appears in the query, else empty."""
+    """``/api/v1/query`` on 127.0.0.1: the answer for the query's metric name (a key ``*`` answers every
+    query), else empty."""
 
     def __init__(self) -> None:
         self.answers: dict[str, tuple[int, str]] = {}
@@ -127,7 +119,9 @@ class FakePrometheus:
                     outer._release.wait(outer.delay)
                 code, body = 404, '{"status":"error","errorType":"not_found","error":"no such path"}'
                 if url.path == "/api/v1/query":
-                    code, body = next(((c, b) for k, (c, b) in outer.answers.items() if k in query), (200, EMPTY))
+                    found = _NAME_IN_QUERY.search(query)
+                    name = found.group(1) if found else ""
+                    code, body = outer.answers.get(name, outer.answers.get("*", (200, EMPTY)))
                 data = body.encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -179,16 +173,12 @@ def refreshers() -> Iterator[list[SignalRefresher]]:
 
 def make(refreshers: list[SignalRefresher], url: str | None, clock: Clock | None = None,
          **kwargs: Any) -> SignalRefresher:
-    settings_keys = {"timeout_s", "max_age_s", "interval_s", "fb_free", "matchers"}
+    settings_keys = {"timeout_s", "max_age_s", "interval_s", "matchers", "uuid_labels"}
     settings = SignalSettings(url=url, **{k: v for k, v in kwargs.items() if k in settings_keys})
     rest = {k: v for k, v in kwargs.items() if k not in settings_keys}
     r = SignalRefresher(settings, clock=clock or Clock(), **rest)
     refreshers.append(r)
     return r
-
-
-def mig_names(gpu: str, gi: int) -> str | None:
-    return MIG9 if (gpu, gi) == (GPU1, 9) else None
 
 
 # ------------------------------------------------------------------------------------- DCGM
@@ -198,14 +188,14 @@ def mig_names(gpu: str, gi: int) -> str | None:
 def test_activity_from_either_exporter_spelling(prom: FakePrometheus, refreshers: list[SignalRefresher],
                                                 answers: dict[str, str]) -> None:
     prom.serve(answers)
-    r = make(refreshers, prom.url, mig_uuid=mig_names)
+    r = make(refreshers, prom.url)
     assert r.refresh()
     snap = r.snapshot()
     # GPU0: max(graphics 0.42 at -30 s, DRAM 0.9 at -15 s); the age is the older sample's.
     assert snap.activity(NODE, GPU0) == (0.9, 30.0)
-    # GPU1's MIG instance GI 9, named by the caller's hook.
-    assert snap.activity(NODE, GPU1, MIG9) == (0.8, 9.5)
-    assert snap.activity(NODE, GPU1, "MIG-unknown") is None
+    # GPU1's MIG instance with GPU-instance id 9 (the inventory's gpuInstanceId).
+    assert snap.activity(NODE, GPU1, 9) == (0.8, 9.5)
+    assert snap.activity(NODE, GPU1, 3) is None
     assert snap.activity(NODE, GPU1) is None  # no whole-GPU series for a MIG GPU
     # GPU2 has no profiling metrics: GPU_UTIL (percent before 4.9, a ratio after) is the fallback.
     value, age = snap.activity(NODE, GPU2) or (None, None)
@@ -213,52 +203,46 @@ def test_activity_from_either_exporter_spelling(prom: FakePrometheus, refreshers
     assert snap.activity(NODE, "GPU-nope") is None
 
 
-def test_queries_ask_every_spelling_over_the_staleness_window(prom: FakePrometheus,
-                                                              refreshers: list[SignalRefresher]) -> None:
+def test_the_real_answer_format_is_read(prom: FakePrometheus, refreshers: list[SignalRefresher]) -> None:
+    prom.serve({"*": REAL_ANSWER})
+    r = make(refreshers, prom.url, clock=Clock(1796549747.317), uuid_labels=("instance",))
+    assert r.refresh()
+    assert r.snapshot().sample("gr_engine", None, "127.0.0.1:19099") == (1.0, pytest.approx(4.109))
+
+
+def test_only_used_series_are_asked_one_instant_query_per_name(prom: FakePrometheus,
+                                                               refreshers: list[SignalRefresher]) -> None:
     r = make(refreshers, prom.url, max_age_s=90, matchers='job="dcgm-exporter"')
     assert r.refresh()
-    assert prom.queries[0] == ('{__name__=~"DCGM_FI_PROF_GR_ENGINE_ACTIVE|DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO",'
-                               'job="dcgm-exporter"}[90s]')
-    assert len(prom.queries) == 7
-    assert any("node_total_hourly_cost" in q for q in prom.queries)
+    assert prom.queries[0] == ('label_replace(timestamp(DCGM_FI_PROF_GR_ENGINE_ACTIVE{job="dcgm-exporter"}), '
+                               '"gpu_slice_sample", "time", "", "") or '
+                               'last_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{job="dcgm-exporter"}[90s])')
+    names = [_NAME_IN_QUERY.search(q).group(1) for q in prom.queries]  # type: ignore[union-attr]
+    assert names == ["DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO",
+                     "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_DRAM_UTIL_RATIO", "DCGM_FI_DEV_GPU_UTIL",
+                     "DCGM_FI_DEV_GPU_UTIL_RATIO", "node_total_hourly_cost"]
+    assert not any("[" in q.split(" or ")[0] for q in prom.queries)  # no range vector is answered
 
 
 def test_gpu_util_is_not_used_for_mig_instances(prom: FakePrometheus, refreshers: list[SignalRefresher]) -> None:
-    prom.serve({"DCGM_FI_DEV_GPU_UTIL": """{"status":"success","data":{"resultType":"matrix","result":[
- {"metric":{"__name__":"DCGM_FI_DEV_GPU_UTIL","UUID":"GPU-1b2c3d4e-0000-1111-2222-333344445555","GPU_I_ID":"9",
-  "Hostname":"gpu-node-1"},"values":[[1749999990,"50"]]}]}}"""})
-    r = make(refreshers, prom.url, mig_uuid=mig_names)
+    prom.serve({"DCGM_FI_DEV_GPU_UTIL": answer("DCGM_FI_DEV_GPU_UTIL", (H1_GI9, 1749999990, "50"))})
+    r = make(refreshers, prom.url)
     assert r.refresh()
-    assert r.snapshot().activity(NODE, GPU1, MIG9) is None
-
-
-def test_framebuffer_in_mib_whatever_the_unit(prom: FakePrometheus, refreshers: list[SignalRefresher]) -> None:
-    prom.serve(OLD)
-    prom.serve({"DCGM_FI_DEV_FB_FREE_BYTES": """{"status":"success","data":{"resultType":"vector","result":[
- {"metric":{"__name__":"DCGM_FI_DEV_FB_FREE_BYTES","UUID":"GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",
-  "hostname":"gpu-node-1"},"value":[1749999990,"2147483648"]}]}}"""})
-    r = make(refreshers, prom.url, mig_uuid=mig_names, fb_free=("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_FREE_BYTES"))
-    assert r.refresh()
-    snap = r.snapshot()
-    assert snap.sample("fb_used", NODE, GPU1, MIG9) == (1024.0, 10.0)
-    assert snap.sample("fb_free", NODE, GPU0) == (2048.0, 10.0)
+    assert r.snapshot().activity(NODE, GPU1, 9) is None
 
 
 def test_unit_scale_follows_the_name() -> None:
     assert unit_scale("gpu_util", "DCGM_FI_DEV_GPU_UTIL") == 0.01
     assert unit_scale("gpu_util", "DCGM_FI_DEV_GPU_UTIL_RATIO") == 1.0
     assert unit_scale("gr_engine", "DCGM_FI_PROF_GR_ENGINE_ACTIVE") == 1.0
-    assert unit_scale("fb_used", "DCGM_FI_DEV_FB_USED") == 1.0
-    assert unit_scale("fb_used", "DCGM_FI_DEV_FB_USED_BYTES") == 1.0 / 2**20
     assert unit_scale("node_total_cost", "node_total_hourly_cost") == 1.0
 
 
 def test_two_series_for_one_gpu_prefer_the_asked_node(prom: FakePrometheus, refreshers: list[SignalRefresher]) -> None:
-    prom.serve({"DCGM_FI_PROF_GR_ENGINE_ACTIVE": """{"status":"success","data":{"resultType":"matrix","result":[
- {"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_ACTIVE","UUID":"GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",
-  "Hostname":"gpu-node-1"},"values":[[1749999950,"0.1"]]},
- {"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_ACTIVE","UUID":"GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",
-  "Hostname":"ip-10-0-0-5"},"values":[[1749999990,"0.7"]]}]}}"""})
+    uuid = '"UUID":"GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"'
+    prom.serve({"DCGM_FI_PROF_GR_ENGINE_ACTIVE": answer("DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+                                                        (uuid + ',"Hostname":"gpu-node-1"', 1749999950, "0.1"),
+                                                        (uuid + ',"Hostname":"ip-10-0-0-5"', 1749999990, "0.7"))})
     r = make(refreshers, prom.url)
     assert r.refresh()
     snap = r.snapshot()
@@ -268,20 +252,26 @@ def test_two_series_for_one_gpu_prefer_the_asked_node(prom: FakePrometheus, refr
 
 
 def test_odd_series_are_skipped(prom: FakePrometheus, refreshers: list[SignalRefresher]) -> None:
-    prom.serve({"DCGM_FI_PROF_GR_ENGINE_ACTIVE": """{"status":"success","data":{"resultType":"matrix","result":[
- {"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_ACTIVE","Hostname":"gpu-node-1"},"values":[[1749999990,"0.5"]]},
- {"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_ACTIVE","UUID":"GPU-a","GPU_I_ID":"x"},"values":[[1749999990,"0.5"]]},
- {"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_ACTIVE","UUID":"GPU-b"},"values":[[1749999990,"NaN"]]},
- {"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_ACTIVE","UUID":"GPU-c"},"values":"0.5"},
- {"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_ACTIVE","UUID":"GPU-d"},"values":[[1749999980,"0.2"],[1749999990,"+Inf"]]},
+    prom.serve({"DCGM_FI_PROF_GR_ENGINE_ACTIVE": """{"status":"success","data":{"resultType":"vector","result":[
+ {"metric":{"gpu_slice_sample":"time","Hostname":"gpu-node-1"},"value":[1750000000,"1749999990"]},
+ {"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_ACTIVE","Hostname":"gpu-node-1"},"value":[1750000000,"0.5"]},
+ {"metric":{"gpu_slice_sample":"time","UUID":"GPU-a","GPU_I_ID":"x"},"value":[1750000000,"1749999990"]},
+ {"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_ACTIVE","UUID":"GPU-a","GPU_I_ID":"x"},"value":[1750000000,"0.5"]},
+ {"metric":{"gpu_slice_sample":"time","UUID":"GPU-b"},"value":[1750000000,"1749999990"]},
+ {"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_ACTIVE","UUID":"GPU-b"},"value":[1750000000,"NaN"]},
+ {"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_ACTIVE","UUID":"GPU-c"},"value":"0.5"},
+ {"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_ACTIVE","UUID":"GPU-e"},"value":[1750000000,"0.5"]},
+ {"metric":{"gpu_slice_sample":"time","UUID":"GPU-d"},"value":[1750000000,"1749999980"]},
+ {"metric":{"__name__":"DCGM_FI_PROF_GR_ENGINE_ACTIVE","UUID":"GPU-d"},"value":[1750000000,"0.2"]},
  {"metric":"nope"},
  7
 ]}}"""})
     r = make(refreshers, prom.url)
     assert r.refresh()
     snap = r.snapshot()
-    assert [snap.activity(NODE, g) for g in ("GPU-a", "GPU-b", "GPU-c")] == [None, None, None]
-    assert snap.activity(NODE, "GPU-d") == (0.2, 20.0)  # the newest finite sample
+    # no uuid; a GI that is no number; NaN; no [time, value] pair; no sample-time twin
+    assert [snap.activity(NODE, g) for g in ("GPU-a", "GPU-b", "GPU-c", "GPU-e")] == [None, None, None, None]
+    assert snap.activity(NODE, "GPU-d") == (0.2, 20.0)
     assert r.query_errors == 0
 
 
@@ -303,7 +293,7 @@ def test_stale_samples_are_absent_and_age_out_without_a_refresh(prom: FakePromet
     assert snap.activity(NODE, GPU0) is None
     assert snap.activity(NODE, GPU0, now=NOW) == (0.9, 30.0)
     assert snap.newest_age("gr_engine", now=NOW) == pytest.approx(9.5)
-    assert snap.newest_age("node_gpu_cost") is None
+    assert snap.newest_age("node_total_cost") is None
 
 
 # ------------------------------------------------------------------------------------- failures
@@ -336,7 +326,7 @@ def test_data_outlives_an_outage_until_it_is_stale(prom: FakePrometheus, refresh
     r = make(refreshers, prom.url, clock)
     assert r.refresh()
     prom.answers.clear()
-    prom.answers.update({"DCGM": (503, "Service Unavailable"), "node_": (503, "Service Unavailable")})
+    prom.answers.update({"*": (503, "Service Unavailable")})
     assert not r.refresh()
     assert r.snapshot().activity(NODE, GPU0) == (0.9, 30.0)
     clock.now = NOW + 200
@@ -351,7 +341,8 @@ def test_data_outlives_an_outage_until_it_is_stale(prom: FakePrometheus, refresh
      "prometheus_error"),
     (200, "<html>a proxy login page</html>", "bad_response"),
     (200, '{"status":"success","data":{"resultType":"scalar","result":[1749999990,"1"]}}', "bad_response"),
-    (200, '{"status":"success","data":{"resultType":"matrix","result":{}}}', "bad_response"),
+    (200, '{"status":"success","data":{"resultType":"vector","result":{}}}', "bad_response"),
+    (200, '{"status":"success","data":{"resultType":"matrix","result":[]}}', "bad_response"),
     (200, '{"status":"success"}', "bad_response"),
     (200, "[]", "bad_response"),
     (404, "not found", "http"),
@@ -414,7 +405,6 @@ def test_node_cost_priority(prom: FakePrometheus, refreshers: list[SignalRefresh
     snap = r.snapshot()
     assert snap.node_cost(NODE) == 98.32 and snap.cost_source(NODE) == "opencost"  # OpenCost wins
     assert snap.live_node_cost(NODE) == 98.32
-    assert snap.node_gpu_cost(NODE) == 12.29
     assert snap.node_cost("annotated") == 7.25  # the annotation before the table
     assert snap.node_cost("karpenter-spot") == 2.1
     assert snap.node_cost("gke-spot") == 39.3
@@ -456,17 +446,6 @@ def test_background_refresh_and_prompt_stop(prom: FakePrometheus, refreshers: li
     thread = next(t for t in threading.enumerate() if t.name == "signals")
     r.stop(timeout=2.0)
     assert not thread.is_alive()
-
-
-def test_a_failing_mig_hook_does_not_stop_the_refresh(prom: FakePrometheus, refreshers: list[SignalRefresher]) -> None:
-    prom.serve(OLD)
-
-    def broken(gpu: str, gi: int) -> str | None:
-        raise RuntimeError("inventory not ready")
-
-    r = make(refreshers, prom.url, mig_uuid=broken)
-    assert r.refresh()
-    assert r.snapshot().activity(NODE, GPU0) == (0.9, 30.0)
 
 
 @pytest.mark.parametrize("bad", [

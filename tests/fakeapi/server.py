@@ -1,4 +1,5 @@
-"""A real HTTP/1.1 server on 127.0.0.1 speaking the Kubernetes REST API for Pods, Nodes, Leases, Events.
+"""A real HTTP/1.1 server on 127.0.0.1 speaking the Kubernetes REST API for Pods, Nodes, Leases, Events and
+PodDisruptionBudgets (with ``pods/binding`` and ``pods/eviction``).
 
 It exists so that the services' real ``kubernetes`` client code (CoreV1Api, CoordinationV1Api, Watch)
 runs over HTTP in tests. Watches use chunked transfer encoding like the real API server, which the
@@ -54,6 +55,7 @@ class Request:
     path: str
     query: dict[str, str] = field(default_factory=dict)
     content_type: str = ""
+    body: Any = None  # the decoded request body (None when there was none)
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ def _route(path: str) -> _Route | None:
         return None
     name = rest[1] if len(rest) >= 2 else None
     sub = rest[2] if len(rest) == 3 else None
-    if sub is not None and not ((sub == "status" and res.has_status) or (sub == "binding" and plural == "pods")):
+    if sub is not None and not ((sub == "status" and res.has_status) or (sub in ("binding", "eviction")
+                                                                         and plural == "pods")):
         return None
     if res.namespaced and name is not None and namespace is None:
         return None
@@ -174,7 +177,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ApiError as e:
             self._send_error(e)
             return
-        api._record(Request(verb, method, path, query, content_type))
+        api._record(Request(verb, method, path, query, content_type, body))
         fault = api._take_fault(verb, method, path)
         if fault is not None:
             if fault.delay and api._stopping.wait(fault.delay):
@@ -323,6 +326,13 @@ def _handle(store: Store, verb: str, route: _Route, query: dict[str, str], body:
     res, ns, name, sub = route.res, route.namespace, route.name, route.sub
     if "dryRun" in query:
         raise bad_request("dryRun is not supported by the fake API server")
+    if sub == "eviction":
+        if verb != "create" or not isinstance(body, dict) or name is None:
+            raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
+                           "requested resource")
+        assert ns is not None
+        store.evict(ns, name, body)
+        return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
     if sub == "binding":
         if verb != "create":
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the "

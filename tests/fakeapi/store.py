@@ -60,6 +60,7 @@ RESOURCES: dict[str, Resource] = {
                      "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"},
         ),
         Resource("leases", "Lease", "coordination.k8s.io/v1", True, False, _META),
+        Resource("poddisruptionbudgets", "PodDisruptionBudget", "policy/v1", True, True, _META),
     )
 }
 
@@ -486,6 +487,32 @@ class Store:
                                "lastTransitionTime": now_rfc3339()})
             status["conditions"] = conditions
             self._commit(res, "MODIFIED", new, old)
+
+    def evict(self, namespace: str, name: str, eviction: Obj) -> None:
+        """pods/eviction (policy/v1): refused with 429 while a PodDisruptionBudget selecting the pod (by
+        ``matchLabels``) allows no more disruptions; otherwise the budget's allowance goes down by one
+        and the pod is deleted with the Eviction's delete options."""
+        with self.cond:
+            pod = self.get("pods", name, namespace)
+            labels = pod["metadata"].get("labels") or {}
+            budgets = []
+            for pdb in self._objects["poddisruptionbudgets"].values():
+                sel = ((pdb.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+                if pdb["metadata"].get("namespace") == namespace and sel and all(
+                        labels.get(k) == v for k, v in sel.items()):
+                    budgets.append(pdb)
+            for pdb in budgets:
+                if int((pdb.get("status") or {}).get("disruptionsAllowed", 0)) <= 0:
+                    raise ApiError(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's "
+                                   "disruption budget.", {"causes": [{"reason": "DisruptionBudget", "message":
+                                   f"The disruption budget {pdb['metadata']['name']} needs more healthy pods"}]})
+            self.delete("pods", name, namespace, dict(eviction.get("deleteOptions") or {}))
+            for pdb in budgets:
+                new = copy.deepcopy(pdb)
+                status = new.setdefault("status", {})
+                status["disruptionsAllowed"] = int(status.get("disruptionsAllowed", 0)) - 1
+                status.setdefault("disruptedPods", {})[name] = now_rfc3339()
+                self._commit(RESOURCES["poddisruptionbudgets"], "MODIFIED", new, pdb)
 
     # ---- test helpers (no validation, but versions and watch events as usual)
 

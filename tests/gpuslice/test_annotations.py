@@ -374,3 +374,19 @@ def test_hostile_annotations_raise_the_typed_error() -> None:
     early = _json.dumps({"v": 1, "sliceIds": ["GPU-a::0"], "time": "0001-01-01T00:00:00+01:00"})
     with pytest.raises(AnnotationError, match="is not a valid date and time"):
         ann.decode_allocated(early)
+
+
+def test_inventory_gpu_instance_id_is_optional_and_round_trips() -> None:
+    """``gpuInstanceId`` (dcgm-exporter's GPU_I_ID) of a MIG instance: written by hand, read; an inventory
+    without it (an older plugin) still reads, with no id."""
+    text = INVENTORY_JSON.replace('"slices": 3, "memoryMiB": 40448}', '"slices": 3, "memoryMiB": 40448, '
+                                                                       '"gpuInstanceId": 2}')
+    mig, _ = ann.decode_inventory(text)
+    assert [i.gi for i in mig.instances] == [None, 2]
+    assert ann.decode_inventory(ann.encode_inventory((mig,)))[0].instances == mig.instances
+    text_out = ann.encode_inventory((mig,))
+    assert '"gpuInstanceId":2' in text_out and text_out.count("gpuInstance") == 1
+    for bad, says in (('"gpuInstanceId": -1', "must be >= 0"), ('"gpuInstanceId": "2"', "must be an integer"),
+                      ('"gpuInstanceId": true', "must be an integer")):
+        with pytest.raises(AnnotationError, match=says):
+            ann.decode_inventory(text.replace('"gpuInstanceId": 2', bad))

@@ -139,6 +139,25 @@ def test_document_refusals(text: str, expected: list[tuple[str, str]]) -> None:
      ("prices.gpuHourly.H101", "unknown GPU product 'H101'; known: A100-40GB, A100-80GB, H100-80GB, H200-141GB, "
                                "A30-24GB, L4, L40S, A10, T4, P100, V100M16, V100M32, G1, G2, G3")),
     ("extender: {port: 8888}", ("extender", "unknown field")),
+    ("modes: {products: {H100-80GB: mig}}\nmigLayouts: {H100-80GB: {layout: [5g.50gb]}}",
+     ("migLayouts.H100-80GB.layout.0", "'5g.50gb' is not a MIG profile of H100-80GB; known: 1g.10gb, 1g.10gb+me, "
+                                       "1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb")),
+    ("modes: {products: {H100-80GB: mig}}\nmigLayouts: {H100-80GB: {layout: [3g.40gb, 3g.40gb, 1g.10gb]}}",
+     ("migLayouts.H100-80GB.layout", "the H100-80GB layout: 3g.40gb, 3g.40gb, 1g.10gb cannot all be placed on one "
+                                     "H100-80GB (no legal memory-slice starts leave room for every instance)")),
+    ("modes: {products: {H100-80GB: mig}}\nmigLayouts: {H100-80GB: {layout: [4g.40gb, 1g.10gb+me, 1g.10gb+me]}}",
+     ("migLayouts.H100-80GB.layout", "the H100-80GB layout: more than 1 instances of 1g.10gb+me")),
+    ("modes: {products: {H100-80GB: mig}}\nmigLayouts: {H100-80GB: {layout: [3g.40gb], dynamic: true}}",
+     ("migLayouts.H100-80GB.dynamic", "dynamic MIG layouts (re-cut to Pending demand) are not built in this "
+                                      "version; set dynamic: false and keep the layout static")),
+    ("migLayouts: {L4: {layout: [1g.10gb]}}", ("migLayouts.L4", "L4 does not support MIG")),
+    ("migLayouts: {H100-80GB: {layout: [3g.40gb]}}",
+     ("migLayouts.H100-80GB", "a MIG layout for H100-80GB GPUs, but modes gives H100-80GB mode whole; set "
+                              "modes.products.H100-80GB: mig")),
+    ("modes: {products: {H100-80GB: mig}}\nmigLayouts: {H100-80GB: {layout: []}}",
+     ("migLayouts.H100-80GB.layout", "list at least one MIG profile")),
+    ("modes: {products: {H100-80GB: mig}}\nmigLayouts: {H100-80GB: {layuot: [3g.40gb]}}",
+     ("migLayouts.H100-80GB.layuot", "unknown field")),
 ])
 def test_field_refusals(body: str, expected: tuple[str, str]) -> None:
     assert errors(f"version: v1\n{body}") == [expected]
@@ -153,6 +172,18 @@ def test_error_message_joins_paths() -> None:
     with pytest.raises(ConfigError) as err:
         load_config({"version": "v1", "policies": [{"name": "spread"}, {"name": "bestfit", "weight": -1}]})
     assert str(err.value) == "invalid config: policies.1.weight: must be >= 0"
+
+
+def test_a_static_mig_layout_is_placed_and_read_per_product() -> None:
+    cfg = load_config_text("version: v1\nmodes: {products: {H100-80GB: mig}}\nmigLayouts:\n  H100-80GB:\n"
+                           "    layout: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]\n    dynamic: false\n")
+    assert cfg.mig_layout_for("H100-80GB") == ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")
+    assert cfg.mig_layout_for("A100-80GB") is None
+    from gpuslice.model import place_mig_layout
+
+    # 3g@0 leaves no legal start for a second 1g (1g starts at 0..6): the search moves 3g to 4.
+    placed = place_mig_layout("H100-80GB", ["1g.10gb", "3g.40gb", "2g.20gb", "1g.10gb"], where="t")
+    assert placed == (("1g.10gb", 2), ("3g.40gb", 4), ("2g.20gb", 0), ("1g.10gb", 3))
 
 
 def test_simulator_allows_milli_gpu_slices() -> None:
@@ -193,3 +224,14 @@ def test_mig_default_reaching_a_non_mig_gpu_is_refused_at_use() -> None:
 def test_odd_yaml_is_a_config_error(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config_text(text)
+
+
+def test_the_readme_configuration_example_is_a_valid_config() -> None:
+    """What README "Configuration" shows (migLayouts included) is what this build accepts."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## Configuration\n", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    cfg = load_config_text(block)
+    assert cfg.mig_layout_for("H100-80GB") == ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")

@@ -251,7 +251,8 @@ def test_isolation_breaks_the_swap_and_sizes_must_match() -> None:
 def test_placement_from_assignment() -> None:
     inv = mig_inventory()
     a = Assignment("u", "n1", (GPU2,), None, (sid(GPU2, 0), sid(GPU2, 1)), "p", NOW)
-    assert placement_from_assignment(a, inv) == Placement("n1", "mps", (GPU2,), None, a.slice_ids, 81559 * 2 // 7)
+    # (81559 MiB - 512 for the MPS server - 7 x 256 for client contexts) x 2/7
+    assert placement_from_assignment(a, inv) == Placement("n1", "mps", (GPU2,), None, a.slice_ids, 22644)
     m = Assignment("u", "n1", (GPU,), MIG2, (sid(MIG2, 0),), "p", NOW)
     assert placement_from_assignment(m, inv).memory_mib == 20096
 

@@ -46,7 +46,8 @@ def test_five_slices_on_mig_refused_with_reason() -> None:
 def test_nine_slices_with_s7_refused() -> None:
     inv = NodeInventory("n", (mps(),))
     f = enumerate_placements(inv, SliceRequest(9))
-    refusal = "9 slices is neither at most S=7 (one GPU) nor a whole number of GPUs (a multiple of 7)"
+    refusal = ("9 slices is neither at most S=7 (one GPU) nor a whole number of GPUs (a multiple of 7); did you "
+               "mean 7 or 14?")
     assert f.reason() == refusal
     inv2 = NodeInventory("n", (whole("GPU-a", 0), whole("GPU-b", 1)))
     assert enumerate_placements(inv2, SliceRequest(9)).reason() == refusal
@@ -97,9 +98,11 @@ def test_mig_takes_one_whole_instance_of_exactly_k() -> None:
 def test_mps_memory_is_k_over_s() -> None:
     inv = NodeInventory("n", (mps(),))
     (p,) = enumerate_placements(inv, SliceRequest(2)).placements
-    assert p.mode == "mps" and p.slice_ids == ("GPU-s::0", "GPU-s::1") and p.memory_mib == 81559 * 2 // 7
+    # k/S of what is left after 512 MiB for the MPS server and 256 MiB of context per slice
+    assert p.mode == "mps" and p.slice_ids == ("GPU-s::0", "GPU-s::1")
+    assert p.memory_mib == (81559 - 512 - 7 * 256) * 2 // 7
     assert enumerate_placements(inv, SliceRequest(1, Fraction(12 * GIB))).reason() == (
-        "no GPU or MIG instance here gives 12.00 GiB of GPU memory to a 1-slice pod (at most 11.38 GiB here)")
+        "no GPU or MIG instance here gives 12.00 GiB of GPU memory to a 1-slice pod (at most 11.06 GiB here)")
     busy = inv.allocate([f"GPU-s::{n}" for n in range(6)])
     assert enumerate_placements(busy, SliceRequest(2)).reason() == (
         "slices in use: no fitting GPU has 2 free slices (at most 1 of 7 free)")

@@ -76,6 +76,24 @@ def test_mig_node_without_the_size_lists_its_instance_sizes() -> None:
                     "here: 3, 4; the layout would have to change)")
 
 
+def test_a_layout_without_the_size_never_reads_as_in_use() -> None:
+    """The issue's case: a 7-slice pod on a node whose MPS GPU has 3 slices free and whose MIG GPU is
+    idle with no 7g instance. Only the MPS GPU can free up; the sentence says the layout will not."""
+    g = mps_gpu("n1", 0)
+    mig = mig_gpu("n1", 1, (("3g.40gb", 0), ("2g.20gb", 4), ("1g.10gb", 6)))
+    objs = [node_obj("n1", [g, mig]), pod_obj("a", 4, node="n1", assigned=sids(g.uuid, 4))]
+    text = only_reason(decide(objs, pod_obj("u1", 7)), "n1", hard=False)
+    assert not text.startswith("slices in use")
+    assert text == ("no MIG instance here has 7 compute slices (instances here: 1, 2, 3; the layout would have "
+                    "to change), so waiting will not help on the MIG GPUs; and no MPS GPU has 7 free slices now "
+                    "(at most 3 of 7 free)")
+    # The same node with a 7g instance in use instead: waiting helps everywhere, "in use" is right.
+    full = mig_gpu("n1", 1, (("7g.80gb", 0),))
+    objs = [node_obj("n1", [g, full]), pod_obj("a", 4, node="n1", assigned=sids(g.uuid, 4)),
+            pod_obj("b", 7, node="n1", assigned=sids(full.instances[0].uuid, 7))]
+    assert only_reason(decide(objs, pod_obj("u1", 7)), "n1", hard=False).startswith("slices in use")
+
+
 def test_whole_mode_node_says_whole_gpus_only() -> None:
     text = only_reason(decide([node_obj("n1", [whole_gpu("n1", 0)])], pod_obj("u1", 3)), "n1", hard=True)
     assert "exactly 3 slices" in text and f"whole-mode GPUs are given only whole ({S} slices)" in text
@@ -111,7 +129,7 @@ def test_mig_isolation_on_an_mps_only_node_is_unresolvable() -> None:
 def test_memory_floor_too_large_is_unresolvable() -> None:
     res = decide([node_obj("n1", [mps_gpu("n1", 0)])], pod_obj("u1", 1, gpu_memory="40Gi"))
     text = only_reason(res, "n1", hard=True)
-    share = 81559 // S
+    share = (81559 - 512 - S * 256) // S  # the MPS server and one context per slice are kept out
     assert text == ("no GPU or MIG instance here gives 40.00 GiB of GPU memory to a 1-slice pod (at most "
                     f"{share / 1024:.2f} GiB here)")
 

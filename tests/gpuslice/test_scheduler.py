@@ -339,6 +339,26 @@ def test_bind_check_without_a_reservation_picks_and_holds_a_free_placement() -> 
     assert full.assignment is None and "slices in use" in full.refusal
 
 
+def test_the_assignment_carries_each_policys_score_and_the_total() -> None:
+    """``scores`` is the breakdown that chose the placement: every configured policy and ``total``,
+    from the filter's ranking when the pod was reserved, from bind's own when not."""
+    g = mps_gpu("n1", 0)
+    mig = mig_gpu("n1", 1, A_LAYOUT)
+    _, sched = build([node_obj("n1", [g, mig]), pod_obj("a", 3, node="n1", assigned=sids(g.uuid, 3))])
+    names = {p.name for p, _ in sched.policy.parts}
+    assert names == {"fragmentation", "cost", "utilization"}
+    res = sched.filter(pod_obj("u1", 2), ["n1"], NOW)
+    assert res.reservation is not None
+    reserved = dict(res.reservation.scores)
+    a = sched.bind_check(pod_obj("u1", 2), "n1", NOW + 1).assignment
+    assert a is not None and dict(a.scores) == reserved
+    assert set(a.scores) == names | {"total"} and all(0.0 <= v <= 1.0 for v in a.scores.values())
+    b = sched.bind_check(pod_obj("u2", 1), "n1", NOW + 1).assignment  # no filter before: bind ranks itself
+    assert b is not None and set(b.scores) == names | {"total"}
+    # Without prices or DCGM samples the mix scores as fragmentation alone (no signal, no effect).
+    assert b.scores["total"] == b.scores["fragmentation"]
+
+
 def test_bind_check_on_another_node_than_reserved_moves_the_hold() -> None:
     view, sched = build([node_obj("n1", [mps_gpu("n1", 0)]), node_obj("n2", [mps_gpu("n2", 0)])])
     r = sched.filter(pod_obj("u1", 3), ["n1"], NOW).reservation

@@ -409,6 +409,24 @@ def test_terminal_pod_holds_nothing() -> None:
     assert view.nodes["n1"].held == {}
 
 
+def test_an_event_that_moves_only_the_resource_version_changes_nothing_and_the_next_change_counts() -> None:
+    """The watch confirming a bind the view already holds (a new resourceVersion, the same pod) leaves
+    the state as it was; a later real change (the stamp, then the pod finishing) is still applied."""
+    g = gpu_uuid("n1", 0)
+    bound = pod_obj("u1", 3, node="n1", assigned=sids(g, 3))
+    view = ClusterView.from_objects([node_obj("n1", [mps_gpu("n1", 0)], cpu="4"), bound], NOW)
+    before = snapshot(view)
+    again = {**bound, "metadata": {**bound["metadata"], "resourceVersion": "2"}}
+    view.upsert_pod(again, NOW + 1)
+    assert snapshot(view) == before and view.pod("u1") is not None and view.pod("u1").resource_version == "2"
+    stamped = pod_obj("u1", 3, node="n1", assigned=sids(g, 3), allocated=sids(g, 3, start=2))
+    view.upsert_pod(stamped, NOW + 2)
+    assert set(view.nodes["n1"].held) == set(sids(g, 3, start=2))  # the stamp wins over the assignment
+    view.upsert_pod(pod_obj("u1", 3, node="n1", assigned=sids(g, 3), allocated=sids(g, 3, start=2),
+                            phase="Succeeded"), NOW + 3)
+    assert unit(view, "n1", g) == (7, True) and view.nodes["n1"].held == {}
+
+
 def test_malformed_allocated_stamp_falls_back_to_the_assignment() -> None:
     g = gpu_uuid("n1", 0)
     pod = pod_obj("u1", 2, node="n1", assigned=sids(g, 2, start=3),

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from deviceplugin.app import DevicePluginApp
 from deviceplugin.kube import load_api_client
@@ -178,11 +179,16 @@ class Env:
         return replace(base, **overrides).validate()
 
     async def start(self, **overrides: Any) -> Plugin:
+        plugin = await self.start_unready(**overrides)
+        await self.healthy(14)
+        return plugin
+
+    async def start_unready(self, **overrides: Any) -> Plugin:
+        """Registered, without waiting for every slice to be healthy."""
         app = DevicePluginApp(self.settings(**overrides), backend=SimulatedBackend(TOPO))
         stop = asyncio.Event()
         self.plugin = Plugin(app, stop, asyncio.create_task(app.run(stop)))
         await asyncio.wait_for(app.ready.wait(), 20)
-        await self.healthy(14)
         return self.plugin
 
     async def healthy(self, n: int, timeout: float = 20.0) -> None:
@@ -318,14 +324,40 @@ async def test_assignment_honoured_and_each_container_gets_its_devices(env: Env)
     mps_pod = await env.running("mps-pod")
     opts = run_options(mig_pod)
     vendor = env.settings().cdi_vendor
+    # Exactly the slice's MIG instance, and an image's NVIDIA_VISIBLE_DEVICES=all exposes nothing more.
     assert opts["cdiDevices"] == [f"{vendor}/gpu={inst.uuid}"]
+    assert opts["envs"]["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert opts["envs"]["GPU_SLICE_COUNT"] == "3"
     mps_opts = run_options(mps_pod)
     assert mps_opts["cdiDevices"] == [f"{vendor}/gpu={MPS.uuid}"]
+    assert mps_opts["envs"]["NVIDIA_VISIBLE_DEVICES"] == "void"
     assert {m["containerPath"] for m in mps_opts["mounts"]} >= {"/dev/shm", "/run/gpu-slice/mps/pipe"}
     got = await until(lambda: allocated(env.api.pod("mps-pod")), what="the allocated stamp")
     assert got == sorted(mps_ids)
     assert await until(lambda: allocated(env.api.pod("mig-pod")), what="stamp") == sorted(inst.slice_ids())
+
+
+async def test_a_cdi_spec_without_an_advertised_uuid_turns_it_unhealthy_in_kubelet(env: Env) -> None:
+    """A stale spec (the 3g instance re-created since it was written, names by index): kubelet sees that
+    instance's ids Unhealthy and allocates none of them; a regenerated spec brings them back."""
+    spec = env.dir / "cdi" / "nvidia.yaml"
+    spec.parent.mkdir(parents=True)
+    stale = MIG.instances[3]
+    names = ["0", "1", "all", MPS.uuid, *(i.uuid for i in MIG.instances[:3])]
+    spec.write_text(yaml.safe_dump({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+                                    "devices": [{"name": n, "containerEdits": {}} for n in names]}))
+    plugin = await env.start_unready(cdi_validate=True, cdi_spec_dirs=(spec.parent,), reconcile_s=0.5)
+    await env.healthy(14 - stale.compute_slices)
+    assert plugin.app.state is not None and plugin.app.state.unhealthy[stale.uuid].startswith(
+        f"CDI device nvidia.com/gpu={stale.uuid} is not defined by the node's CDI spec")
+    await asyncio.to_thread(env.api.create_pod, "wants-3", 3)  # the stale 3g instance is the best fit
+    await env.running("wants-3")
+    got = await until(lambda: allocated(env.api.pod("wants-3")), what="the allocated stamp")
+    assert not set(got) & set(stale.slice_ids()) and set(got) <= set(MPS.slice_ids())
+    names.append(stale.uuid)
+    spec.write_text(yaml.safe_dump({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+                                    "devices": [{"name": n} for n in names]}))
+    await env.healthy(14)
 
 
 async def test_allocate_refusal_is_an_unexpected_admission_error(env: Env) -> None:

@@ -7,8 +7,10 @@ the reason (``.ci/run`` installs it, so CI never skips them).
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +46,40 @@ def _build(path: str) -> tuple[Obj, ...]:
     return tuple(d for d in yaml.safe_load_all(done.stdout) if d)
 
 
-def build(overlay: str) -> list[Obj]:
-    """The objects ``kubectl kustomize manifests/overlays/<overlay>`` renders (skips without kubectl)."""
+@functools.cache
+def _monitored(overlay: str) -> tuple[Obj, ...]:
+    """The overlay with the opt-in monitoring component, as README "Install" tells users to add it: a
+    kustomization of their own whose resources are the overlay and whose components the monitoring."""
+    with tempfile.TemporaryDirectory(prefix="gsk") as tmp:
+        rel = os.path.relpath(MANIFESTS, tmp)
+        Path(tmp, "kustomization.yaml").write_text(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+            f"resources:\n  - {rel}/overlays/{overlay}\ncomponents:\n  - {rel}/components/monitoring\n")
+        return _build(tmp)
+
+
+@functools.cache
+def with_scheduler_tag(overlay: str, tag: str) -> tuple[Obj, ...]:
+    """The overlay with the scheduler image set to ``tag`` the way README "Install" says: an ``images``
+    entry (what ``kustomize edit set image`` writes) in a kustomization over the overlay."""
     if kubectl() is None:
         pytest.skip("kubectl is not installed (.ci/run installs it): the kustomize tree cannot be built")
+    with tempfile.TemporaryDirectory(prefix="gsk") as tmp:
+        rel = os.path.relpath(MANIFESTS, tmp)
+        Path(tmp, "kustomization.yaml").write_text(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+            f"resources:\n  - {rel}/overlays/{overlay}\n"
+            f"images:\n  - name: registry.k8s.io/kube-scheduler\n    newTag: {tag}\n")
+        return _build(tmp)
+
+
+def build(overlay: str, *, monitoring: bool = False) -> list[Obj]:
+    """The objects ``kubectl kustomize manifests/overlays/<overlay>`` renders (skips without kubectl);
+    ``monitoring``: with the opt-in ``components/monitoring`` added."""
+    if kubectl() is None:
+        pytest.skip("kubectl is not installed (.ci/run installs it): the kustomize tree cannot be built")
+    if monitoring:
+        return [dict(o) for o in _monitored(overlay)]
     return [dict(o) for o in _build(str(MANIFESTS / "overlays" / overlay))]
 
 

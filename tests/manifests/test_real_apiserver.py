@@ -1,15 +1,18 @@
 """Both overlays against a real kube-apiserver 1.36, and the real kube-scheduler and the extender under
 the shipped service account, RBAC and profile (``../shared/k8s``; skipped where it is absent).
 
-* ``nvidia`` is applied (server-side apply, strict field validation: a field the API server does not
-  know fails); ``simulated`` is applied as a server-side dry run over it. The Prometheus operator's
+* ``nvidia`` with the opt-in monitoring component is applied (server-side apply, strict field
+  validation: a field the API server does not know fails); ``simulated`` with it is applied as a
+  server-side dry run over it (each overlay as shipped, without the component, on a cluster that has
+  no such CRDs: ``test_admission_requests.py``). The Prometheus operator's
   kinds are served by stand-in CRDs created here (group, version, kind and scope of the real ones; no
   schema: ``tests/manifests/test_schemas.py`` checks their fields).
 * kube-scheduler runs the built profile (the ConfigMap's ``scheduler-config.yaml``) with the
-  Deployment's flags, as the service account ``gpu-slice-system/gpu-slice-extender``: it must start and
-  win the Lease ``kube-system/gpu-slice-scheduler`` with only the shipped RBAC.
-* the extender runs with the Deployment's flags and the joined config as the same service account
-  and must become ready and see itself as leader (list+watch of nodes and pods, reads of the Lease).
+  Deployment's flags, as its own service account ``gpu-slice-system/gpu-slice-scheduler``: it must start
+  and win the Lease ``kube-system/gpu-slice-scheduler`` with only the shipped RBAC.
+* the extender runs with the Deployment's flags and the joined config as the pod's service account
+  ``gpu-slice-system/gpu-slice-extender`` and must become ready and see itself as leader (list+watch of
+  nodes, pods and PodDisruptionBudgets, reads of the Lease), with no request refused.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from tests.manifests.built import NAMESPACE, REPO, build, kubectl, named_prefix,
 
 CLUSTER = launcher.CLUSTER
 SA = f"{NAMESPACE}/gpu-slice-extender"
+SCHEDULER_SA = f"{NAMESPACE}/gpu-slice-scheduler"
 
 pytestmark = [
     pytest.mark.skipif(not CLUSTER.is_file(), reason=f"no real control plane: {CLUSTER} is absent"),
@@ -118,7 +122,7 @@ def test_overlays_apply_and_the_scheduler_and_extender_run_under_the_shipped_rba
     _kubectl(admin, "wait", "--for=condition=Established", "--timeout=30s",
              *[f"crd/{p}.monitoring.coreos.com" for _, p in MONITORING_CRDS])
 
-    nvidia, simulated = build("nvidia"), build("simulated")
+    nvidia, simulated = build("nvidia", monitoring=True), build("simulated", monitoring=True)
     apply = ["apply", "--server-side", "--field-manager=gpu-slice-install", "--validate=strict", "-f", "-"]
     out = _kubectl(admin, *apply, stdin=yaml.safe_dump_all(nvidia))
     assert out.count("serverside-applied") == len(nvidia), out
@@ -129,8 +133,9 @@ def test_overlays_apply_and_the_scheduler_and_extender_run_under_the_shipped_rba
     assert {i["kind"] for i in got["items"]} >= {"DaemonSet", "Deployment", "Service", "ConfigMap", "PodMonitor",
                                                  "ServiceMonitor", "PrometheusRule"}
 
-    # kube-scheduler with the shipped profile and flags, as the scheduler pod's service account.
+    # kube-scheduler with the shipped profile and flags, as its own service account.
     sa_config = Path(_cluster("sa-kubeconfig", str(cluster), SA, str(cluster / "sa.kubeconfig")))
+    sched_sa = Path(_cluster("sa-kubeconfig", str(cluster), SCHEDULER_SA, str(cluster / "sched-sa.kubeconfig")))
     dep = one(nvidia, "Deployment", "gpu-slice-scheduler")
     pod = dep["spec"]["template"]["spec"]
     (sched,) = [c for c in pod["containers"] if c["name"] == "kube-scheduler"]
@@ -139,7 +144,7 @@ def test_overlays_apply_and_the_scheduler_and_extender_run_under_the_shipped_rba
         "scheduler-config.yaml"])
     port = _free_port()
     config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{port}"
-    config["clientConnection"]["kubeconfig"] = str(sa_config)
+    config["clientConnection"]["kubeconfig"] = str(sched_sa)
     sched_config = cluster / "scheduler-config.yaml"
     sched_config.write_text(yaml.safe_dump(config))
     _cluster("scheduler", str(cluster), str(sched_config), "--", *flags)
@@ -163,13 +168,16 @@ def test_overlays_apply_and_the_scheduler_and_extender_run_under_the_shipped_rba
     joined.write_text(named_prefix(nvidia, "ConfigMap", "gpu-slice-config")["data"]["config.yaml"]
                       + named_prefix(nvidia, "ConfigMap", "gpu-slice-prices")["data"]["prices.yaml"])
     args = []
+    ops_port = _free_port()
     for a in ext["args"]:
         if a.startswith("--config="):
             a = f"--config={joined}"
-        elif a.startswith("--address="):
-            a = "--address=127.0.0.1"
         elif a.startswith("--port="):
             a = f"--port={port}"
+        elif a.startswith("--ops-address="):
+            a = "--ops-address=127.0.0.1"
+        elif a.startswith("--ops-port="):
+            a = f"--ops-port={ops_port}"
         args.append(a.replace("$(POD_NAME)", host))
     log = (cluster / "extender.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "gpuslice_cli", *args, "--kubeconfig", str(sa_config)],
@@ -179,10 +187,10 @@ def test_overlays_apply_and_the_scheduler_and_extender_run_under_the_shipped_rba
             if proc.poll() is not None:
                 out = (cluster / "extender.log").read_text()
                 raise AssertionError(f"the extender exited {proc.returncode}:\n{out}")
-            status, _ = _get(f"http://127.0.0.1:{port}/readyz")
+            status, _ = _get(f"http://127.0.0.1:{ops_port}/readyz")
             if status != 200:
                 return False
-            _, metrics = _get(f"http://127.0.0.1:{port}/metrics")
+            _, metrics = _get(f"http://127.0.0.1:{ops_port}/metrics")
             return "gpu_slice_extender_leader 1.0" in metrics
 
         _wait("the extender to sync and see its scheduler hold the Lease", ready, 45)

@@ -65,11 +65,14 @@ def _validate(obj: dict[str, Any], version: str) -> None:
                              f"{err.message} at {'.'.join(map(str, err.path))}") from None
 
 
+@pytest.mark.parametrize("monitoring", [False, True])
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_built_object_validates(overlay: str, version: str) -> None:
-    objs = build(overlay)
+def test_every_built_object_validates(overlay: str, version: str, monitoring: bool) -> None:
+    """Each overlay as shipped and with the opt-in monitoring component (README "Install")."""
+    objs = build(overlay, monitoring=monitoring)
     assert objs, f"{overlay} built nothing"
+    assert bool({o["kind"] for o in objs} & MONITORING_KINDS) == monitoring
     for obj in objs:
         _validate(obj, version)
 
@@ -94,11 +97,12 @@ def test_validation_is_strict() -> None:
 
 
 def test_overlays_differ_only_where_they_should() -> None:
-    """Same objects in both overlays; only the device plugin's DaemonSet differs."""
+    """Same objects in both overlays; only the device plugin's and the MPS daemons' DaemonSets differ."""
     def index(objs: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
         return {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o for o in objs}
 
     nvidia, simulated = index(build("nvidia")), index(build("simulated"))
     assert nvidia.keys() == simulated.keys()
     differ = {k for k in nvidia if nvidia[k] != simulated[k]}
-    assert differ == {("DaemonSet", "gpu-slice-system", "gpu-slice-device-plugin")}
+    assert differ == {("DaemonSet", "gpu-slice-system", "gpu-slice-device-plugin"),
+                      ("DaemonSet", "gpu-slice-system", "gpu-slice-mps")}

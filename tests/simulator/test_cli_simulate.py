@@ -84,3 +84,24 @@ def test_inflate_is_refused_by_name_while_parsing(capsys: pytest.CaptureFixture[
         parse(["--inflate", "-2"])
     assert exit_.value.code == 2
     assert "argument --inflate: must be a finite number >= 0" in capsys.readouterr().err
+
+
+def test_the_trace_plot_draws_every_seed_and_their_median() -> None:
+    """--plot with several seeds: one thin curve per seed and a bold median, per policy and mode."""
+    import numpy as np
+
+    from simulator.engine import RunResult
+    from simulator.report import plot_figure
+
+    def run(policy: str, seed: int, lift: float) -> RunResult:
+        arrived = np.linspace(0, 130, 200)
+        return RunResult(policy, "protocol", seed, arrived, np.minimum(arrived, 90 + lift), np.ones(200, bool), 0.1)
+
+    fig = plot_figure([("t", run("fgd", 1, 0)), ("t", run("fgd", 2, 3)), ("t", run("fgd", 3, 6)),
+                       ("t", run("bestfit", 1, 0))])
+    (ax,) = fig.axes
+    labels = [ln.get_label() for ln in ax.lines]
+    assert len(ax.lines) == 1 + 3 + 1 + 1  # ideal, three fgd seeds, fgd median, one bestfit seed
+    assert "t fgd (protocol), median of seeds 1, 2, 3" in labels and "t bestfit (protocol), seed 1" in labels
+    fgd = [ln for ln in ax.lines if ln.get_color() == ax.lines[1].get_color()]
+    assert len(fgd) == 4

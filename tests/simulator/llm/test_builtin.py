@@ -165,3 +165,14 @@ def test_bar_verdict_names_the_default_and_keeps_own_policies_apart() -> None:
 def test_unknown_policy_is_refused() -> None:
     args = argparse.Namespace(policy="nosuch", seeds=[42], json=None, plot=None)
     assert builtin.run(args, out=io.StringIO()) == 2
+
+
+def test_the_day_plot_draws_one_line_per_policy_and_seed() -> None:
+    from simulator.builtin import plot_figure, run_all
+
+    results = run_all(["bestfit", "spread"], [42, 43], margin=0.0)
+    fig = plot_figure(results)
+    top, bottom = fig.axes
+    assert len(top.lines) == len(bottom.lines) == 4
+    assert sorted(t for t in (ln.get_label() for ln in top.lines) if not t.startswith("_")) == ["bestfit", "spread"]
+    assert "seeds 42, 43" in top.get_title()

@@ -1,0 +1,488 @@
+"""The operator's view of the cluster: every GPU and its slices, who holds them, what is free and
+stranded, where assignment and ``allocated`` disagree, and each Pending pod with its reason and the
+smallest change that lets it in.
+
+``gpu-slice status`` (live or from a dump) and the extender's slice map both build it here, from a
+:class:`gpuslice.view.ClusterView` and its :class:`gpuslice.scheduler.Scheduler`, so they show the
+same thing the extender decides on. Nothing is re-derived: holdings come from the counting rule
+(:mod:`gpuslice.counting`, through the view), free slices from the packing state, fit from
+:meth:`ClusterState.fit`, reasons from :mod:`gpuslice.reasons`, victims from
+:mod:`gpuslice.preemption`, new capacity from :mod:`gpuslice.remedies`.
+
+*Stranded* slices are free, healthy slices that no shape can use: neither a Pending pod's nor that
+of any pod in the cluster (its slices, memory floor, isolation, products, CPU and memory), so
+nothing the cluster runs would ever land there as it is laid out now. Suggestions, smallest change
+first: re-cut an idle MIG GPU (nobody is disturbed), evict the fewest lower-priority pods, add a
+node of a product that takes the pod.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from gpuslice.counting import Claim
+from gpuslice.errors import GpuSliceError
+from gpuslice.model import Gpu
+from gpuslice.packing.state import Fit, PackRequest
+from gpuslice.pods import PodInfo
+from gpuslice.preemption import victims_on
+from gpuslice.reasons import explain
+from gpuslice.remedies import fitting_products, fitting_profile
+from gpuslice.scheduler import Scheduler
+from gpuslice.units import format_mib
+from gpuslice.view import ClusterView
+
+STATUS_VERSION = "gpu-slice.example.com/v1"
+
+#: How many refused nodes an eviction search tries per Pending pod shape, as kube-scheduler's
+#: preemption does (DefaultPreemption's minCandidateNodesAbsolute 100 and minCandidateNodesPercentage
+#: 10 %): at least this many, or 10 % of the nodes when that is more.
+EVICTION_NODES = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """One pod (or a filter-time reservation) holding slices of a unit."""
+
+    pod: str  # namespace/name
+    uid: str
+    slices: int
+    source: str  # allocated | assignment | reserved
+    ids: tuple[str, ...]
+
+    @property
+    def namespace(self) -> str:
+        return self.pod.split("/", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class UnitStatus:
+    """A MIG instance, or an MPS or whole GPU: what a pod is placed on."""
+
+    uuid: str
+    profile: str  # MIG profile, "" for an MPS or whole GPU
+    start: int  # MIG memory-slice start, -1 otherwise
+    slices: int
+    memory_mib: int
+    free: int
+    stranded: int
+    holders: tuple[Holder, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStatus:
+    uuid: str
+    index: int
+    product: str
+    mode: str
+    slices: int
+    memory_mib: int
+    healthy: bool
+    cordoned: bool
+    units: tuple[UnitStatus, ...]
+
+    @property
+    def free(self) -> int:
+        return sum(u.free for u in self.units) if self.healthy and not self.cordoned else 0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    name: str
+    product: str
+    error: str
+    gpus: tuple[GpuStatus, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Disagreement:
+    """A pod whose ``allocated`` ids (what kubelet gave) differ from its assignment's."""
+
+    pod: str
+    uid: str
+    node: str
+    assigned: tuple[str, ...]
+    allocated: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Suggestion:
+    """One change that lets a Pending pod in: ``recut`` (node, GPU, profile), ``evict`` (node, pods),
+    ``add-node`` (product), or ``fix`` (the pod itself)."""
+
+    kind: str
+    text: str
+    node: str = ""
+    gpu: str = ""
+    profile: str = ""
+    product: str = ""
+    pods: tuple[str, ...] = ()
+    uids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPod:
+    pod: str
+    uid: str
+    slices: int
+    memory: str  # the floor as asked, "" for none
+    isolation: str
+    priority: int
+    reason: str  # one line: the most common node reason, or the pod's own error
+    reasons: dict[str, int]  # node reason -> how many nodes give it
+    suggestions: tuple[Suggestion, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """Cluster totals in slices: ``free`` is healthy and uncordoned; ``stranded`` is part of it."""
+
+    slices: int = 0
+    held: int = 0
+    free: int = 0
+    stranded: int = 0
+    unavailable: int = 0
+    gpus: int = 0
+    shapes: int = 0  # distinct pod shapes the stranded count was judged against
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStatus:
+    time: datetime
+    capacity: Capacity
+    nodes: tuple[NodeStatus, ...]
+    pending: tuple[PendingPod, ...]
+    disagreements: tuple[Disagreement, ...]
+    problems: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data (``-o json|yaml``, the slice map's API)."""
+        out = asdict(self)
+        out["time"] = self.time.astimezone(UTC).isoformat().replace("+00:00", "Z")
+        return {"apiVersion": STATUS_VERSION, "kind": "ClusterStatus", **out}
+
+
+# --------------------------------------------------------------------------- building
+
+def _shape(req: PackRequest) -> PackRequest:
+    """A request as a shape: the owner-spread rule and identity do not belong to it."""
+    return replace(req, owner="", uid="")
+
+
+def _usable_by(view: ClusterView, shapes: Iterable[PackRequest],
+               hold: Callable[[], AbstractContextManager[Any]] = nullcontext) -> NDArray[np.bool_]:
+    """Per unit row: some shape could be placed there now (the state's own fit, CPU and memory of
+    the unit's node included). One shape's fit per ``hold``."""
+    found: list[NDArray[np.intp]] = []
+    for shape in shapes:
+        with hold():
+            st = view.state
+            fit = st.fit(shape)
+            if fit.unit_ok.shape[0] == 0:
+                continue
+            rows = np.flatnonzero(fit.unit_ok[: st.n_units])
+            if rows.shape[0]:
+                found.append(rows[fit.feasible[st.unit_node[rows]]])
+    with hold():
+        out = np.zeros(view.state.n_units + 1, dtype=bool)  # rows only ever get appended
+    for rows in found:
+        out[rows[rows < out.shape[0]]] = True
+    return out
+
+
+def _holders(view: ClusterView, name: str) -> dict[str, list[tuple[str, str]]]:
+    """Per id owner (GPU or MIG UUID): (slice id, holder UID) as the view counts them."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for sid, uid in view.nodes[name].held.items():
+        out.setdefault(sid.rsplit("::", 1)[0], []).append((sid, uid))
+    return out
+
+
+def _claims(view: ClusterView, name: str, uids: Iterable[str]) -> dict[str, Claim]:
+    """The pods' claims on this node, for those that hold ids here (the view settled them when it
+    last counted the node, so their sources are what the counting rule used)."""
+    out: dict[str, Claim] = {}
+    for uid in uids:
+        claim = view.claim(uid)
+        if claim is not None and claim.node == name:
+            out[uid] = claim
+    return out
+
+
+def _holder_list(view: ClusterView, claims: Mapping[str, Claim], held: list[tuple[str, str]]) -> tuple[Holder, ...]:
+    by_uid: dict[str, list[str]] = {}
+    for sid, uid in held:
+        by_uid.setdefault(uid, []).append(sid)
+    out = []
+    for uid, sids in sorted(by_uid.items(), key=lambda t: (min(t[1]), t[0])):
+        c = claims.get(uid)
+        info = view.pod(uid)
+        label = c.pod if c is not None else info.label if info is not None else uid
+        out.append(Holder(label, uid, len(sids), c.source if c is not None else "reserved", tuple(sorted(sids))))
+    return tuple(out)
+
+
+def _units(view: ClusterView, name: str, gpu: Gpu, usable_by: NDArray[np.bool_],
+           held: dict[str, list[tuple[str, str]]], claims: Mapping[str, Claim]) -> tuple[UnitStatus, ...]:
+    st = view.state
+    keys = view.nodes[name].keys
+    parts = ([(i.uuid, i.profile, i.start, i.compute_slices, i.memory_mib) for i in gpu.instances]
+             if gpu.mode == "mig" else [(gpu.uuid, "", -1, gpu.slices, gpu.memory_mib)])
+    out = []
+    for uuid, profile, start, slices, memory in parts:
+        row = keys.get(uuid)
+        free = int(st.unit_free[row]) if row is not None else 0
+        ok = row is not None and bool(st.unit_usable[row])
+        # a row appended since usable_by was worked out counts as usable: never called stranded unseen
+        stranded = free if ok and free and row < usable_by.shape[0] and not usable_by[row] else 0
+        out.append(UnitStatus(uuid, profile, start, slices, memory, free, stranded,
+                              _holder_list(view, claims, held.get(uuid, []))))
+    return tuple(out)
+
+
+def _disagreements(name: str, claims: Mapping[str, Claim]) -> list[Disagreement]:
+    out = []
+    for uid, c in sorted(claims.items()):
+        if c.assignment is not None and c.allocated is not None and \
+                frozenset(c.assignment.slice_ids) != frozenset(c.allocated.slice_ids):
+            out.append(Disagreement(c.pod, uid, name, tuple(sorted(c.assignment.slice_ids)),
+                                    tuple(sorted(c.allocated.slice_ids))))
+    return out
+
+
+def build_status(view: ClusterView, sched: Scheduler, now: float, *,
+                 max_suggestions: int | None = None, eviction_nodes: int | None = None,
+                 hold: Callable[[], AbstractContextManager[Any]] = nullcontext) -> ClusterStatus:
+    """The whole picture at ``now`` (seconds since the epoch, the caller's clock).
+
+    ``max_suggestions``: work out suggestions for at most this many Pending pods (highest priority,
+    then oldest, first; the slice map bounds its cost with it), the rest get reasons only.
+    ``eviction_nodes``: refused nodes an eviction search tries per pod shape (default: kube-scheduler's
+    own sample, ``EVICTION_NODES`` or 10 % of the nodes); Pending pods of one shape and priority share
+    one search, as nothing changes between them.
+    ``hold``: entered around each step (the pod scan, one node, one Pending pod) that reads the view; a
+    live service passes its lock, so its verbs wait for one step at most, never for the whole picture.
+    Each node and each Pending pod is then consistent in itself; the picture as a whole may straddle
+    events that arrived between steps, as any live listing does."""
+    s = view.settings.slices_per_gpu
+    pending_info = []
+    shapes: dict[PackRequest, None] = {}
+    with hold():
+        view.expire(now)
+        scanned = [(p.info, p.claim is None) for p in view.pods.values()]
+        names = sorted(view.nodes)
+    for info, unclaimed in scanned:  # pod projections are immutable: no hold needed to read them
+        if info.terminal or (info.request is None and not info.error):
+            continue
+        req: PackRequest | None = None
+        if not info.error:
+            try:
+                req = info.pack(s, owner_spread=sched.owner_spread)
+            except GpuSliceError:
+                req = None
+        if req is not None:
+            shapes.setdefault(_shape(req), None)
+        if not info.node and unclaimed:
+            pending_info.append((info, req))
+    usable_by = _usable_by(view, shapes, hold)
+    nodes: list[NodeStatus] = []
+    disagreements: list[Disagreement] = []
+    cap = Capacity(shapes=len(shapes))
+    totals = Counter[str]()
+    idle_mig: list[tuple[str, int, Gpu]] = []  # (node, row, GPU): MIG GPUs no pod or reservation holds
+    for name in names:
+        with hold():
+            n = view.nodes.get(name)
+            if n is None:
+                continue  # removed since the scan
+            inv = n.info.inventory
+            if inv is None and not n.info.error:
+                continue  # not a GPU node of ours
+            gpus: list[GpuStatus] = []
+            if inv is not None and n.row >= 0:
+                held = _holders(view, name)
+                claims = _claims(view, name, set(n.held.values()))
+                for gpu in sorted(inv.gpus, key=lambda g: g.index):
+                    units = _units(view, name, gpu, usable_by, held, claims)
+                    if gpu.mode == "mig" and gpu.schedulable and not any(u.holders for u in units):
+                        idle_mig.append((name, n.row, gpu))
+                    g = GpuStatus(gpu.uuid, gpu.index, gpu.product, gpu.mode, gpu.slices, gpu.memory_mib,
+                                  gpu.healthy, gpu.cordoned, units)
+                    gpus.append(g)
+                    totals["gpus"] += 1
+                    totals["slices"] += gpu.slices
+                    totals["held"] += sum(h.slices for u in units for h in u.holders)
+                    if gpu.schedulable:
+                        totals["free"] += sum(u.free for u in units)
+                        totals["stranded"] += sum(u.stranded for u in units) if shapes else 0
+                    else:
+                        totals["unavailable"] += sum(u.free for u in units)
+                disagreements += _disagreements(name, claims)
+            nodes.append(NodeStatus(name, n.info.spec.product, n.info.error, tuple(gpus)))
+    cap = replace(cap, **{k: int(v) for k, v in totals.items()})
+    pending_info.sort(key=lambda t: (-t[0].priority, t[0].created, t[0].label))
+    with hold():
+        alive = int(view.state.node_alive[: view.state.n_nodes].sum())
+    search = _Search(eviction_nodes if eviction_nodes is not None else max(EVICTION_NODES, alive // 10), idle_mig)
+    pending: list[PendingPod] = []
+    for i, (info, req) in enumerate(pending_info):
+        with hold():
+            now_pod = view.pods.get(info.uid)
+            if now_pod is None or now_pod.info.node or now_pod.claim is not None:
+                continue  # deleted or placed since the scan
+            pending.append(_pending(view, info, req, now, search,
+                                    suggest=max_suggestions is None or i < max_suggestions))
+    with hold():
+        problems = tuple(view.problems())
+    when = datetime.fromtimestamp(now, UTC)
+    return ClusterStatus(when, cap, tuple(nodes), tuple(pending), tuple(disagreements), problems)
+
+
+# --------------------------------------------------------------------------- Pending pods
+
+class _Search:
+    """What suggestions share within one status: the idle MIG GPUs, and eviction answers by (request
+    without its UID, priority), at most ``nodes`` refused nodes tried each, stopping at a one-pod
+    answer (none has fewer)."""
+
+    def __init__(self, nodes: int, idle_mig: list[tuple[str, int, Gpu]]) -> None:
+        self.nodes = nodes
+        self.idle_mig = idle_mig
+        self.found: dict[tuple[PackRequest, int], Suggestion | None] = {}
+
+    def best(self, view: ClusterView, info: PodInfo, req: PackRequest, resolvable: list[int],
+             now: float) -> Suggestion | None:
+        key = (replace(req, uid=""), info.priority)
+        if key not in self.found:
+            self.found[key] = _evict(view, info, req, resolvable[: self.nodes], now)
+        return self.found[key]
+
+
+def _pending(view: ClusterView, info: PodInfo, req: PackRequest | None, now: float, search: _Search, *,
+             suggest: bool) -> PendingPod:
+    request = info.request
+    slices = request.slices if request is not None else 0
+    memory = format_mib(float(request.memory_mib)) if request is not None and request.memory_mib else ""
+    isolation = request.isolation if request is not None else ""
+    if req is None:
+        reason = info.error or "the pod's slice request cannot be read"
+        fix = Suggestion("fix", f"fix the pod: {reason}")
+        return PendingPod(info.label, info.uid, slices, memory, isolation, info.priority, reason, {reason: 1},
+                          (fix,))
+    held = view.reservations.get(info.uid)
+    if held is not None:
+        reason = f"reserved on node {held.node} at filter; waiting for kube-scheduler's bind"
+        return PendingPod(info.label, info.uid, slices, memory, isolation, info.priority, reason, {reason: 1}, ())
+    st = view.state
+    fit = st.fit(req)
+    alive = np.flatnonzero(st.node_alive[: st.n_nodes])
+    feasible = alive[fit.feasible[alive]]
+    if feasible.shape[0]:
+        reason = (f"fits on {feasible.shape[0]} node(s) now; kube-scheduler has not placed it yet (its own checks, "
+                  "such as taints, affinity or the queue's back-off, decide when)")
+        return PendingPod(info.label, info.uid, slices, memory, isolation, info.priority, reason, {reason: 1}, ())
+    if alive.shape[0] == 0:
+        reason = "no node advertises GPU slices"
+        counts: dict[str, int] = {reason: 1}
+        resolvable: list[int] = []
+    else:
+        ex = explain(st, req, fit, alive.astype(np.int64))
+        counts = dict(Counter(ex.texts).most_common())
+        resolvable = [int(v) for v, hard in zip(ex.rows, ex.unresolvable, strict=True) if not hard]
+        reason = f"0/{alive.shape[0]} nodes: " + "; ".join(f"{n} x {t}" for t, n in counts.items())
+    suggestions: tuple[Suggestion, ...] = ()
+    if suggest:
+        suggestions = tuple(_suggest(view, info, req, fit, resolvable, now, search))
+    return PendingPod(info.label, info.uid, slices, memory, isolation, info.priority, reason, counts, suggestions)
+
+
+def _suggest(view: ClusterView, info: PodInfo, req: PackRequest, fit: Fit, resolvable: list[int],
+             now: float, search: _Search) -> list[Suggestion]:
+    """Smallest change first: a re-cut disturbs nobody, an eviction some pods, a node costs money."""
+    out: list[Suggestion] = []
+    recut = _recut(view, req, fit, search.idle_mig)
+    if recut is not None:
+        out.append(recut)
+    evict = search.best(view, info, req, resolvable, now)
+    if evict is not None:
+        out.append(evict)
+    st = view.state
+    present = frozenset(p for p in st.products if p)
+    products = fitting_products(req, view.settings.slices_per_gpu, view.settings.memory_tolerance, present)
+    if products:
+        best = products[0]
+        out.append(Suggestion("add-node", f"add a node with {best.describe(req.gpus)} and room for "
+                                          f"{req.cpu_milli}m CPU and {req.memory_mib} MiB of memory",
+                              product=best.product))
+    elif not out:
+        out.append(Suggestion("fix", "no GPU product in the catalogue takes this request as written: lower its "
+                                     "slices or memory floor, or widen its isolation or products"))
+    return out
+
+
+def _recut(view: ClusterView, req: PackRequest, fit: Fit, idle_mig: list[tuple[str, int, Gpu]]) -> Suggestion | None:
+    """An idle MIG GPU (no instance held or reserved, healthy, uncordoned) on a node that takes the pod
+    but for its GPUs, whose product has a profile of the pod's size and memory."""
+    if req.gpus != 1 or req.isolation == "mps":
+        return None
+    tol = view.settings.memory_tolerance
+    for name, v, gpu in idle_mig:
+        node = view.nodes.get(name)
+        if node is None or node.row != v:
+            continue  # removed or re-laid out since the node pass
+        if not (fit.cpu[v] and fit.memory[v] and fit.product[v]):
+            continue
+        if any(i.compute_slices == req.slices for i in gpu.instances):
+            continue  # an instance of the size is here and free: not a layout matter
+        profile = fitting_profile(gpu.product, req.slices, req.gpu_memory_mib, tol)
+        if profile is None:
+            continue
+        layout = ", ".join(i.profile for i in gpu.instances) or "no instances"
+        return Suggestion("recut", f"re-cut idle MIG GPU {gpu.index} ({gpu.uuid}) on node {name} "
+                                   f"(now {layout}) to include a {profile.name} instance",
+                          node=name, gpu=gpu.uuid, profile=profile.name, product=gpu.product)
+    return None
+
+
+def _label(view: ClusterView, uid: str) -> tuple[str, int]:
+    p = view.pod(uid)
+    return (p.label, p.priority) if p is not None else (uid, 0)
+
+
+def _evict(view: ClusterView, info: PodInfo, req: PackRequest, resolvable: list[int],
+           now: float) -> Suggestion | None:
+    """The node where the fewest lower-priority pods make room (the core's preemption rule)."""
+    st = view.state
+    best: tuple[tuple[int, int, str], str, list[str]] | None = None
+    budgets = list(view.budgets.values())
+    for v in resolvable:
+        name = st.node_names[v]
+        found = victims_on(view, req, info.priority, name, budgets)
+        if found is None:
+            continue
+        victims = [p.uid for p in found.victims]  # most important first
+        key = (len(victims), sum(_label(view, u)[1] for u in victims), name)
+        if best is None or key < best[0]:
+            best = (key, name, victims)
+        if len(victims) == 1:
+            break  # no node needs fewer
+    if best is None:
+        return None
+    _, name, victims = best
+    who = [_label(view, u) for u in victims]
+    listed = ", ".join(f"{label} (priority {prio})" for label, prio in who)
+    return Suggestion("evict", f"evict {len(victims)} lower-priority pod{'s' if len(victims) > 1 else ''} on node "
+                               f"{name}: {listed}", node=name, pods=tuple(label for label, _ in who),
+                      uids=tuple(victims))
+
+
+__all__ = ["STATUS_VERSION", "Capacity", "ClusterStatus", "Disagreement", "GpuStatus", "Holder", "NodeStatus",
+           "PendingPod", "Suggestion", "UnitStatus", "build_status"]
