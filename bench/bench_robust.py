@@ -52,6 +52,7 @@ from gpuslice.config import default_policy_spec
 from gpuslice.packing.state import ClusterState, PackRequest
 from gpuslice.scheduler import PackedCluster, Scheduler
 from simulator.cli import NODE_FILE, _published, default_trace_dir, parse_seeds
+from simulator.dra import DeviceChoice, attach
 from simulator.engine import EngineOptions, replay, simulate
 from simulator.inflate import inflate
 from simulator.kubefile import inflate_requests, load_kube_cluster
@@ -73,14 +74,17 @@ def spec(policy: str) -> str:
 
 def departures_replay(state: ClusterState, shapes: Sequence[PackRequest], policy: str, seed: int, *,
                       load: float = 1.2, horizon: float = 3.0, layouts: DynamicLayouts | None = None,
-                      capacity: float | None = None, wait: float = 0.0) -> tuple[float, float]:
+                      capacity: float | None = None, wait: float = 0.0,
+                      devices: DeviceChoice | None = None) -> tuple[float, float]:
     """Poisson arrivals of ``shapes`` (drawn with the seed), exponential lifetimes (mean 1), offered
     load ``load`` x capacity; pods that fit nowhere are dropped. Returns (time-averaged unallocated
     slice % over t in [horizon/3, horizon], % of pods dropped).
 
     ``layouts``: a pod refused everywhere gets the core's MIG re-cut (``bench_mig_layouts.py``); it
     then waits ``wait`` (in lifetimes) before it runs, its slices counted unallocated meanwhile.
-    ``capacity``: the slices the load and the figure are of (default: those advertised now)."""
+    ``capacity``: the slices the load and the figure are of (default: those advertised now).
+    ``devices``: who picks the device (``simulate --device-choice``; default: the extender, as today);
+    not together with ``layouts`` (DRA's devices are a static layout's instances)."""
     rng = np.random.default_rng([seed, 99])
     total = float(state.total_slices if capacity is None else capacity)
     mean_slices = float(np.mean([r.total_slices for r in shapes]))
@@ -91,7 +95,10 @@ def departures_replay(state: ClusterState, shapes: Sequence[PackRequest], policy
     picks = rng.integers(len(shapes), size=n)
     cluster = PackedCluster(state)
     sched = Scheduler(cluster, spec(policy), seed=seed, trace=list(shapes))
+    driver = attach(sched, devices)
     if layouts is not None:
+        if driver is not None:
+            raise ValueError("dynamic MIG layouts and a DRA device choice are not modelled together")
         sched.instance_order = layouts.instance_order
     heap: list[tuple[float, int, int, list[int], int, int, int, str]] = []
     start = horizon / 3.0
@@ -118,9 +125,13 @@ def departures_replay(state: ClusterState, shapes: Sequence[PackRequest], policy
             d = heapq.heappop(heap)
             advance(d[0])
             state.give_back(d[2], d[3], d[4], d[5], d[6], d[7])
+            if driver is not None:
+                driver.event()
         advance(t)
         req = replace(shapes[int(picks[i])], uid=f"p{i}")
         sched.observe(req)
+        if driver is not None:
+            driver.observe(req)
         chosen, ranked, _ = sched.filter_request(req, None, float(i), explain_refused=False)
         delay = 0.0
         if layouts is not None:
@@ -134,6 +145,8 @@ def departures_replay(state: ClusterState, shapes: Sequence[PackRequest], policy
             dropped += t > start
             continue
         cluster.bind(req.uid)  # the reservation's take stays as the pod's own
+        if driver is not None:
+            driver.event()
         c = int(chosen.index[0])
         node = int(ranked.cands.node[c])
         units = ranked.cands.units[c].tolist() if req.gpus else []

@@ -40,6 +40,7 @@ from gpuslice.counting import bind_conflicts, unstamped_same_size
 from gpuslice.decision import NarrowConfig, NodeBest, best_per_node, narrowed_filter, node_key, priority_scores
 from gpuslice.disruption import Budget
 from gpuslice.errors import GpuSliceError, RequestError
+from gpuslice.packing.first_fit import PublishedOrder
 from gpuslice.packing.state import Candidates, ClusterState, Fit, PackRequest, enumerate_candidates
 from gpuslice.placement import Placement
 from gpuslice.pods import PodInfo, project
@@ -179,8 +180,12 @@ class Scheduler:
     """Decisions over one cluster with one policy mix; see the module docstring."""
 
     def __init__(self, cluster: Holder, policy: str | Weighted, *, narrow: NarrowConfig | None = None,
-                 seed: int = 0, trace: Sequence[PackRequest] | None = None, owner_spread: bool = True) -> None:
+                 seed: int = 0, trace: Sequence[PackRequest] | None = None, owner_spread: bool = True,
+                 devices: PublishedOrder | None = None) -> None:
         self.cluster = cluster
+        #: ``None``: the extender picks any device (today). Set: DRA picks, first fit in this published
+        #: order, and each node is scored by the device it would give (:mod:`gpuslice.packing.first_fit`).
+        self.devices = devices
         self.policy = resolve(policy) if isinstance(policy, str) else policy
         self.memory = self.policy.new_memory(PolicyContext(seed, None if trace is None else list(trace)))
         self.narrow = narrow or NarrowConfig()
@@ -236,11 +241,17 @@ class Scheduler:
         return n
 
     # ----- array level ---------------------------------------------------------------------------
-    def rank(self, req: PackRequest, node_mask: NDArray[np.bool_] | None = None) -> Ranked:
-        """Fit, candidates, policy scores and each node's best placement."""
+    def rank(self, req: PackRequest, node_mask: NDArray[np.bool_] | None = None, *,
+             every_device: bool = False) -> Ranked:
+        """Fit, candidates, policy scores and each node's best placement. Under DRA (``devices``) a
+        node's only candidate is the device first fit gives there, unless ``every_device`` asks for
+        all (how the policy ranks devices to build the order it publishes)."""
         st = self.state
         fit = st.fit(req)
-        cands = enumerate_candidates(st, req, fit, node_mask)
+        if self.devices is None or every_device:
+            cands = enumerate_candidates(st, req, fit, node_mask)
+        else:
+            cands = self.devices.candidates(st, req, fit, node_mask)
         if len(cands) == 0:
             return Ranked(fit, cands, best_per_node(cands, np.zeros(0)), np.zeros(0), np.zeros(0))
         score, parts = self.policy.score_parts(st, req, cands, self.memory)
@@ -254,7 +265,10 @@ class Scheduler:
     def _token(self) -> tuple[int, int, int, object]:
         """Everything a ranking depends on besides the request: the state and what the policies know."""
         st = self.state
-        return st.generation, st.changes, self._observed, self.policy.memory_token(self.memory)
+        token = self.policy.memory_token(self.memory)
+        if self.devices is not None:  # a republished order changes the device each node would give
+            token = (token, self.devices.version)
+        return st.generation, st.changes, self._observed, token
 
     def _cycle_ranking(self, req: PackRequest, rows: I64) -> Ranked | None:
         """The last filter's ranking when it was of this request, covers ``rows`` and still holds."""

@@ -30,6 +30,7 @@ from gpuslice.config import default_policy_spec
 from gpuslice.errors import GpuSliceError
 from gpuslice.policies.registry import resolve
 from gpuslice.reservations import DEFAULT_TTL_S
+from simulator.dra import DeviceChoice, refuse_dynamic_with_dra
 from simulator.llm.cluster import Cluster, build_cluster
 from simulator.llm.engine import Result, replay
 from simulator.llm.workload import Workload, generate
@@ -68,16 +69,18 @@ def label(policy: str) -> str:
 
 def run_all(policies: Sequence[str], seeds: Sequence[int], *, cluster: Cluster | None = None,
             margin: float = 0.0, workloads: dict[int, Workload] | None = None,
-            reservation_ttl_s: float = DEFAULT_TTL_S, mig_dynamic: frozenset[str] = frozenset()) -> list[Result]:
+            reservation_ttl_s: float = DEFAULT_TTL_S, mig_dynamic: frozenset[str] = frozenset(),
+            devices: DeviceChoice | None = None) -> list[Result]:
     """Every policy on every seed; each seed's workload is generated once and shared. ``mig_dynamic``:
-    the MIG products whose free slots are re-cut for Pending pods (empty: the static layouts)."""
+    the MIG products whose free slots are re-cut for Pending pods (empty: the static layouts).
+    ``devices``: who picks each pod's device (``--device-choice``; default: the extender, as today)."""
     cluster = cluster or build_cluster()
     results: list[Result] = []
     for seed in seeds:
         workload = (workloads or {}).get(seed) or generate(seed)
         for policy in policies:
             results.append(replay(cluster, workload, policy, margin=margin, reservation_ttl_s=reservation_ttl_s,
-                                  mig_dynamic=mig_dynamic))
+                                  mig_dynamic=mig_dynamic, devices=devices))
     return results
 
 
@@ -244,18 +247,23 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     margin = float(getattr(args, "narrow_margin", 0.0) or 0.0)
     config = getattr(args, "config_obj", None)
     ttl = config.reservation_ttl_seconds if config is not None else DEFAULT_TTL_S
+    devices: DeviceChoice | None = getattr(args, "devices", None)
     started = time.perf_counter()
     try:
         for policy in policies:  # unknown names and bad weights before the first run, not after some
             resolve(policy)
         present = {g.product for n in build_cluster().nodes for g in n.inventory.gpus if g.mode == "mig"}
         dynamic = dynamic_products(getattr(args, "mig_layouts", None), config) & present
-        results = run_all(policies, seeds, margin=margin, reservation_ttl_s=ttl, mig_dynamic=dynamic)
+        refuse_dynamic_with_dra(dynamic, devices)
+        results = run_all(policies, seeds, margin=margin, reservation_ttl_s=ttl, mig_dynamic=dynamic,
+                          devices=devices)
     except GpuSliceError as err:
         print(f"gpu-slice simulate: {err}", file=sys.stderr)
         return 2
     cluster = build_cluster()
     rows = summarise(results)
+    if devices is not None and devices.kind != "free":
+        print(f"device choice: {devices.label}", file=out)
     print(render(rows, cluster=cluster, seeds=seeds), file=out)
     if dynamic:
         print(f"\n{recut_note(results, dynamic)}", file=out)
@@ -267,6 +275,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         if json_path:
             flag = f"--json {json_path}"
             doc = {"scenario": "builtin-llm", "nodes": len(cluster.nodes), "gpus": cluster.gpu_count,
+                   "device_choice": (devices or DeviceChoice()).label,
                    "definitions": __doc__, "summary": rows, "runs": [r.as_dict() for r in results]}
             text = json.dumps(doc, indent=2, default=str)
             if str(json_path) == "-":

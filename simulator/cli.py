@@ -18,6 +18,7 @@ from gpuslice.config import Config, default_policy_spec, load_config_text
 from gpuslice.decision import NarrowConfig
 from gpuslice.errors import ConfigError, GpuSliceError
 from gpuslice.policies.registry import resolve
+from simulator import dra
 from simulator.engine import MODES, EngineOptions, RunResult, replay, simulate
 from simulator.inflate import has_gpu_demand, inflate
 from simulator.kubefile import KubeCluster, inflate_requests, load_kube_cluster, looks_like_kube_list
@@ -162,6 +163,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="static: MIG layouts as the nodes have them; dynamic: free MIG slots are re-cut for pods "
                              "refused for shape (gpuslice.miglayout; --mode protocol; capacity then counts every "
                              "compute slice); default: what the config's migLayouts.<product>.dynamic says")
+    dra.add_arguments(parser)
     parser.add_argument("--json", type=Path, help="write per-run figures to this JSON file ('-': standard output)")
     parser.add_argument("--plot", type=Path,
                         help="write a plot to this image file (.png, .pdf, .svg...): allocation against "
@@ -356,7 +358,7 @@ def _run_kube(args: argparse.Namespace, paths: list[Path], policies: list[str], 
             for mode in modes:
                 opts = EngineOptions(mode=mode, slices=cluster.slices_per_gpu, narrow=narrow,
                                      extender_weight=args.extender_weight, kube_scorer=args.kube_scorer,
-                                     placements=True)
+                                     placements=True, devices=args.devices)
                 state = cluster.state()
                 layouts = DynamicLayouts.build(state, {s.name: inv for s, inv in cluster.nodes}, dynamic,
                                                memory_tolerance=cluster.memory_tolerance,
@@ -369,6 +371,7 @@ def _run_kube(args: argparse.Namespace, paths: list[Path], policies: list[str], 
                 summaries.append(Summary.of(name, r, with_placements=True))
                 if args.plot:
                     runs.append((name, r))
+    _print_devices(args)
     print(table(summaries, {}))
     print()
     print(TRACE_LEGEND)
@@ -378,6 +381,7 @@ def _run_kube(args: argparse.Namespace, paths: list[Path], policies: list[str], 
               "instant in an arrival-only replay (no clock).")
     _write_outputs(args, summaries, {"cluster": [str(p) for p in paths], "seeds": args.seeds,
                                      "inflate": args.inflate, "slices": cluster.slices_per_gpu,
+                                     "device_choice": args.devices.label,
                                      "skipped": list(cluster.skipped),
                                      "mig_layouts": "dynamic" if dynamic else "static"}, runs)
     return 0
@@ -389,6 +393,7 @@ def _dynamic_for(args: argparse.Namespace, config: Config | None, cluster: KubeC
     wanted = dynamic_products(args.mig_layouts, config)
     present = {g.product for _, inv in cluster.nodes for g in inv.gpus if g.mode == "mig"}
     dynamic = frozenset(wanted & present)
+    dra.refuse_dynamic_with_dra(dynamic, args.devices)
     if dynamic and modes != ["protocol"]:
         raise SimulateError(f"dynamic MIG layouts are replayed in --mode protocol only (the extender's path), "
                             f"not {args.mode}")
@@ -431,9 +436,15 @@ def _load_config(args: argparse.Namespace) -> Config | None:
     return config
 
 
+def _print_devices(args: argparse.Namespace) -> None:
+    if args.devices.kind != "free":
+        print(f"device choice: {args.devices.label}")
+
+
 def _run(args: argparse.Namespace) -> int:
     source = _source(args)
     _applicability(args, source)
+    args.devices = dra.choice_from_args(args)
     config = _load_config(args)
     args.config_obj = config
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
@@ -472,7 +483,8 @@ def _run(args: argparse.Namespace) -> int:
             for policy in policies:
                 for mode in modes:
                     opts = EngineOptions(mode=mode, slices=args.slices, narrow=narrow,
-                                         extender_weight=args.extender_weight, kube_scorer=args.kube_scorer)
+                                         extender_weight=args.extender_weight, kube_scorer=args.kube_scorer,
+                                         devices=args.devices)
                     bar = progress_bar(f"{trace_name} {policy} {mode} seed {seed}")
                     r = simulate(nodes, inflated, policy, seed, opts, trace=pods, progress=bar)
                     s = Summary.of(trace_name, r)
@@ -485,13 +497,15 @@ def _run(args: argparse.Namespace) -> int:
                           f"placed={s.pods_placed}/{s.pods} {s.seconds:.1f}s", flush=True)
     published = _published(nodes_path.parent / "published_results.csv")
     print()
+    _print_devices(args)
     print(table(summaries, published))
     print()
     print(TRACE_LEGEND)
     _write_outputs(args, summaries, {"nodes": str(nodes_path), "traces": [str(p) for _, p in traces],
                                      "seeds": args.seeds, "inflate": args.inflate, "slices": args.slices,
                                      "narrow_margin": args.narrow_margin,
-                                     "narrow_max_nodes": args.narrow_max_nodes}, runs)
+                                     "narrow_max_nodes": args.narrow_max_nodes,
+                                     "device_choice": args.devices.label}, runs)
     return 0
 
 

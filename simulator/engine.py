@@ -31,6 +31,7 @@ from gpuslice.decision import NarrowConfig, kube_select, paper_choice, priority_
 from gpuslice.packing.state import ClusterState, PackRequest
 from gpuslice.policies.registry import Weighted
 from gpuslice.scheduler import PackedCluster, Scheduler
+from simulator.dra import DeviceChoice, attach
 from simulator.openb import MILLI, OpenbNode, OpenbPod, build_state, to_request
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ class EngineOptions:
     #: Record where each pod landed (``RunResult.placements``): v1 List replays report it; trace
     #: replays of thousands of pods under many seeds do not need it.
     placements: bool = False
+    #: Who picks the device (``--device-choice``, :mod:`simulator.dra`); the default is today's.
+    devices: DeviceChoice = field(default_factory=DeviceChoice)
 
 
 @dataclass(slots=True)
@@ -105,7 +108,10 @@ def replay(state: ClusterState, reqs: Sequence[PackRequest], base: Sequence[Pack
         raise ValueError(f"mode must be one of {', '.join(MODES)}")
     cluster = PackedCluster(state)
     sched = Scheduler(cluster, policy, narrow=options.narrow, seed=seed, trace=list(base))
+    driver = attach(sched, options.devices)
     if layouts is not None:
+        if driver is not None:
+            raise ValueError("dynamic MIG layouts and a DRA device choice are not modelled together")
         sched.instance_order = layouts.instance_order
     paper_rank = np.empty(state.n_nodes, dtype=np.int64)
     paper_rank[np.random.default_rng(seed).permutation(state.n_nodes)] = np.arange(state.n_nodes)
@@ -123,6 +129,8 @@ def replay(state: ClusterState, reqs: Sequence[PackRequest], base: Sequence[Pack
         sched.observe(req)
         if layouts is not None:
             layouts.observe(req)
+        if driver is not None:
+            driver.observe(req)
         now = float(i)
         if mode == "protocol":
             # The extender's /filter (narrowed, reserves the first node's best placement) and
@@ -167,6 +175,8 @@ def replay(state: ClusterState, reqs: Sequence[PackRequest], base: Sequence[Pack
         elif options.placements:  # -2: bound by the filter's reservation; -1: no place
             where[req.uid] = _where(held.node, held.units) if c == -2 and held is not None else ""
         placed[i] = c != -1
+        if driver is not None and c != -1:
+            driver.event()
         allocated[i] = state.allocated_slices / total * 100.0
         if progress is not None and (i % 256 == 0 or i == len(reqs) - 1):
             progress(i + 1, len(reqs))

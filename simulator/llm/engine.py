@@ -39,6 +39,7 @@ from gpuslice.reasons import explain
 from gpuslice.requests import SliceRequest
 from gpuslice.reservations import DEFAULT_TTL_S
 from gpuslice.scheduler import PackedCluster, Scheduler
+from simulator.dra import DeviceChoice, attach
 from simulator.llm.cluster import Cluster, S
 from simulator.llm.workload import Owner, Workload, diurnal
 from simulator.miglayouts import RECUT_WAIT_S, DynamicLayouts
@@ -177,7 +178,7 @@ class Replay:
     def __init__(self, cluster: Cluster, workload: Workload, policy: str, *, margin: float = 0.0,
                  bind_latency_s: float = 0.5, reservation_ttl_s: float = DEFAULT_TTL_S, scrape_s: float = 30.0,
                  series_step_s: float = 900.0, mig_dynamic: frozenset[str] = frozenset(),
-                 recut_wait_s: float = RECUT_WAIT_S) -> None:
+                 recut_wait_s: float = RECUT_WAIT_S, devices: DeviceChoice | None = None) -> None:
         self.cluster = cluster
         self.workload = workload
         self.policy_spec = policy
@@ -188,6 +189,7 @@ class Replay:
         self.packed = PackedCluster(self.state, reservation_ttl_s)
         self.sched = Scheduler(self.packed, policy, narrow=NarrowConfig(margin=margin, max_nodes=1),
                                seed=workload.seed)
+        self.driver = attach(self.sched, devices)  # None: the extender picks the device (today)
         self.policy = self.sched.policy
         self.memory = self.sched.memory
         self.n_gpus = int(self.unit_gpu.max()) + 1 if self.unit_gpu.shape[0] else 0
@@ -225,6 +227,8 @@ class Replay:
                                             memory_tolerance=self.state.memory_tolerance,
                                             wait_s=recut_wait_s) if mig_dynamic else None
         if self.layouts is not None:
+            if self.driver is not None:
+                raise ValueError("dynamic MIG layouts and a DRA device choice are not modelled together")
             self.sched.instance_order = self.layouts.instance_order
         self._gpu_number = {(int(self.state.unit_node[u]), int(self.state.unit_gpu_index[u])): int(self.unit_gpu[u])
                             for u in range(self.state.n_units)}
@@ -291,6 +295,8 @@ class Replay:
         self.sched.observe(pod.req)
         if self.layouts is not None:
             self.layouts.observe(pod.req)
+        if self.driver is not None:
+            self.driver.observe(pod.req)
         if not self._schedule(t, pod, first=True):
             pod.ever_pending = True
             pod.pending_since = t
@@ -324,6 +330,7 @@ class Replay:
         self._mark(units, +pod.activity * req.slices / S, t)
         self._push(t + delay, _P_BIND, "bind", pod.uid)
         self._dirty = True
+        self._changed()
         return True
 
     def _sync_units(self) -> None:
@@ -347,6 +354,7 @@ class Replay:
         if pod is None or pod.phase != "reserved":
             return
         if self.packed.bind(uid) is None:  # expired before bind: kube-scheduler retries
+            self._changed()
             pod.phase = "pending"
             self._mark(pod.units, -pod.activity * pod.req.slices / S, t)
             pod.node, pod.units = -1, ()
@@ -382,6 +390,12 @@ class Replay:
         self._mark(pod.units, -pod.activity * pod.req.slices / S, t)
         self.freed = True
         self._dirty = True
+        self._changed()
+
+    def _changed(self) -> None:
+        """A placement or departure: a steered DRA driver may republish (``devices``)."""
+        if self.driver is not None:
+            self.driver.event()
 
     def _scale_down(self, t: float, owner: str, count: int) -> None:
         """ReplicaSet order: unscheduled pods first, then the most recently created."""
