@@ -136,6 +136,12 @@ class ApiBinder:
         self._request(f"evict pod {namespace}/{name}", "POST",
                       f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/eviction", body)
 
+    def create_event(self, namespace: str, body: Obj) -> None:
+        """Create one core/v1 Event (the extender's ``SliceAssigned``); raw JSON through the same pool,
+        because the generated client's per-call validation cost more CPU than the bind itself."""
+        self._request(f"create event in {namespace}", "POST",
+                      f"/api/v1/namespaces/{quote(namespace, safe='')}/events", body)
+
     def bind(self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str]) -> None:
         self._request(f"bind pod {namespace}/{name} to {node}", "POST",
                       f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding",

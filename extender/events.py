@@ -118,16 +118,12 @@ class EventWriter:
 
 def api_event_writer(api_client: Any, *, instance: str, on_result: Callable[[str], None] | None = None,
                      timeout_s: float = 5.0) -> EventWriter:
-    """An :class:`EventWriter` that creates core/v1 Events through the Kubernetes client."""
-    from kubernetes import client
+    """An :class:`EventWriter` that creates core/v1 Events through the API server, raw JSON over the
+    Kubernetes client's own connection pool and credentials (as the binder sends its Binding)."""
+    from extender.binder import ApiBinder
 
-    core: Any = client.CoreV1Api(api_client)  # raw JSON in and out: no model objects
-
-    def create(namespace: str, body: dict[str, Any]) -> None:
-        resp = core.create_namespaced_event(namespace, body, _preload_content=False, _request_timeout=timeout_s)
-        resp.release_conn()
-
-    return EventWriter(create, instance=instance, on_result=on_result)
+    return EventWriter(ApiBinder(api_client, timeout_s=timeout_s).create_event, instance=instance,
+                       on_result=on_result)
 
 
 __all__ = ["REASON", "EventWriter", "PodEvent", "api_event_writer", "bind_event"]
