@@ -620,6 +620,43 @@ def layout_status_of_nodes(nodes: Iterable[Mapping[str, object]], dynamic: froze
     return layout_status(gpus, wanted, applied, dynamic)
 
 
+class RecutAdvisor:
+    """``gpu-slice status``'s re-cut suggestions for many Pending pods in one build: the demand is
+    learned once from the pods that hold slices, the free slots read once (:meth:`read_slots`, under
+    the caller's hold), then :meth:`for_pod` per pod (the same :meth:`LayoutPlanner.for_pending`
+    the extender acts on). ``products``: the MIG products to consider (default every MIG-capable
+    one: a suggestion, not an act)."""
+
+    def __init__(self, requests: Iterable[PackRequest], *, products: frozenset[str] | None = None,
+                 memory_tolerance: float = DEFAULT_MEMORY_TOLERANCE) -> None:
+        self.planner = LayoutPlanner(products if products is not None else
+                                     frozenset(p.name for p in PRODUCTS.values() if p.mig_capable),
+                                     memory_tolerance=memory_tolerance)
+        for r in requests:
+            self.planner.observe(r)
+        self.slots: dict[int, Slot] | None = None
+
+    def read_slots(self, view: ClusterView) -> None:
+        """The MIG instances every node advertises now (call under the view's hold)."""
+        self.slots = slots_from_inventories(view.state, {name: n.info.inventory.gpus for name, n in view.nodes.items()
+                                                         if n.info.inventory is not None and n.row >= 0})
+
+    def for_pod(self, view: ClusterView, req: PackRequest, *, nodes: Sequence[str] | None = None) -> Recut | None:
+        """The re-cut of free MIG slots that would let ``req`` in (call under the view's hold);
+        ``nodes``: the node names the pod may run on (default all)."""
+        if self.slots is None:
+            self.read_slots(view)
+        assert self.slots is not None
+        st = view.state
+        self.planner.observe(req)
+        mask = None
+        if nodes is not None:
+            mask = np.zeros(st.n_nodes, dtype=bool)
+            rows = [view.node_row(n) for n in nodes]
+            mask[[r for r in rows if r >= 0]] = True
+        return self.planner.for_pending(st, self.slots, req, nodes=mask)
+
+
 def suggest_recut(view: ClusterView, req: PackRequest, *, products: frozenset[str] | None = None,
                   nodes: Sequence[str] | None = None) -> Recut | None:
     """The re-cut of free MIG slots that would let a Pending pod in (``gpu-slice status``'s "smallest
@@ -628,18 +665,6 @@ def suggest_recut(view: ClusterView, req: PackRequest, *, products: frozenset[st
     ``nodes``: the node names the pod may run on (default all)."""
     from gpuslice.scheduler import pods_as_requests
 
-    st = view.state
-    planner = LayoutPlanner(products if products is not None else
-                            frozenset(p.name for p in PRODUCTS.values() if p.mig_capable),
-                            memory_tolerance=view.settings.memory_tolerance)
-    for r in pods_as_requests(view, owner_spread=view.settings.owner_spread):
-        planner.observe(r)
-    planner.observe(req)
-    mask = None
-    if nodes is not None:
-        mask = np.zeros(st.n_nodes, dtype=bool)
-        rows = [view.node_row(n) for n in nodes]
-        mask[[r for r in rows if r >= 0]] = True
-    slots = slots_from_inventories(st, {name: n.info.inventory.gpus for name, n in view.nodes.items()
-                                        if n.info.inventory is not None and n.row >= 0})
-    return planner.for_pending(st, slots, req, nodes=mask)
+    advisor = RecutAdvisor(pods_as_requests(view, owner_spread=view.settings.owner_spread), products=products,
+                           memory_tolerance=view.settings.memory_tolerance)
+    return advisor.for_pod(view, req, nodes=nodes)

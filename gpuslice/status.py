@@ -30,12 +30,13 @@ from numpy.typing import NDArray
 
 from gpuslice.counting import Claim
 from gpuslice.errors import GpuSliceError
+from gpuslice.miglayout import Recut, RecutAdvisor
 from gpuslice.model import Gpu
 from gpuslice.packing.state import KIND_MIG, KIND_MPS, KIND_WHOLE, Fit, PackRequest
 from gpuslice.pods import PodInfo
 from gpuslice.preemption import victims_on
 from gpuslice.reasons import explain
-from gpuslice.remedies import fitting_products, fitting_profile
+from gpuslice.remedies import fitting_products
 from gpuslice.scheduler import Scheduler
 from gpuslice.units import format_mib
 from gpuslice.view import ClusterView
@@ -381,6 +382,11 @@ def build_status(view: ClusterView, sched: Scheduler, now: float, *,
     with hold():
         alive = int(view.state.node_alive[: view.state.n_nodes].sum())
     search = _Search(eviction_nodes if eviction_nodes is not None else max(EVICTION_NODES, alive // 10), idle_mig)
+    if any(req is not None and _mig_able(req) for _, req in pending_info) and any(
+            g.mode == "mig" for n in nodes for g in n.gpus):
+        search.advisor = _advisor(scanned, view, sched.owner_spread)
+        with hold():
+            search.advisor.read_slots(view)
     pending: list[PendingPod] = []
     for i, (info, req) in enumerate(pending_info):
         with hold():
@@ -471,6 +477,7 @@ class _Search:
         self.nodes = nodes
         self.idle_mig = idle_mig
         self.found: dict[tuple[PackRequest, int], Suggestion | None] = {}
+        self.advisor: RecutAdvisor | None = None  # set when a Pending pod could take a MIG instance
 
     def best(self, view: ClusterView, info: PodInfo, req: PackRequest, resolvable: list[int],
              now: float) -> Suggestion | None:
@@ -539,7 +546,7 @@ def _suggest(view: ClusterView, info: PodInfo, req: PackRequest, fit: Fit, resol
              now: float, search: _Search) -> list[Suggestion]:
     """Smallest change first: a re-cut disturbs nobody, an eviction some pods, a node costs money."""
     out: list[Suggestion] = []
-    recut = _recut(view, req, fit, search.idle_mig)
+    recut = _recut(view, req, search)
     if recut is not None:
         out.append(recut)
     evict = search.best(view, info, req, resolvable, now)
@@ -559,28 +566,51 @@ def _suggest(view: ClusterView, info: PodInfo, req: PackRequest, fit: Fit, resol
     return out
 
 
-def _recut(view: ClusterView, req: PackRequest, fit: Fit, idle_mig: list[tuple[str, int, Gpu]]) -> Suggestion | None:
-    """An idle MIG GPU (no instance held or reserved, healthy, uncordoned) on a node that takes the pod
-    but for its GPUs, whose product has a profile of the pod's size and memory."""
-    if req.gpus != 1 or req.isolation == "mps":
+def _mig_able(req: PackRequest) -> bool:
+    return req.gpus == 1 and req.isolation != "mps"
+
+
+def _advisor(scanned: Iterable[tuple[PodInfo, bool]], view: ClusterView, owner_spread: bool) -> RecutAdvisor:
+    """The core's re-cut planner, its demand learned from the pods that hold slices (oldest first, as the
+    extender's warm start observes them); projections are immutable, so this runs outside any hold."""
+    held: list[tuple[str, PackRequest]] = []
+    for info, unclaimed in scanned:
+        if unclaimed or info.terminal or info.request is None or info.error:
+            continue
+        try:
+            held.append((info.created, info.pack(view.settings.slices_per_gpu, owner_spread=owner_spread)))
+        except GpuSliceError:
+            continue
+    held.sort(key=lambda t: t[0])
+    return RecutAdvisor((r for _, r in held), memory_tolerance=view.settings.memory_tolerance)
+
+
+def _recut(view: ClusterView, req: PackRequest, search: _Search) -> Suggestion | None:
+    """The re-cut of free MIG slots the extender's own planner (:class:`gpuslice.miglayout.LayoutPlanner`)
+    would make for this pod: free instances destroyed, the instance it needs created, nothing any pod
+    holds or a reservation keeps touched. On an idle GPU that is a re-cut of the whole GPU."""
+    if search.advisor is None or not _mig_able(req):
         return None
-    tol = view.settings.memory_tolerance
-    for name, v, gpu in idle_mig:
-        node = view.nodes.get(name)
-        if node is None or node.row != v:
-            continue  # removed or re-laid out since the node pass
-        if not (fit.cpu[v] and fit.memory[v] and fit.product[v]):
-            continue
-        if any(i.compute_slices == req.slices for i in gpu.instances):
-            continue  # an instance of the size is here and free: not a layout matter
-        profile = fitting_profile(gpu.product, req.slices, req.gpu_memory_mib, tol)
-        if profile is None:
-            continue
-        layout = ", ".join(i.profile for i in gpu.instances) or "no instances"
-        return Suggestion("recut", f"re-cut idle MIG GPU {gpu.index} ({gpu.uuid}) on node {name} "
-                                   f"(now {layout}) to include a {profile.name} instance",
-                          node=name, gpu=gpu.uuid, profile=profile.name, product=gpu.product)
-    return None
+    cut = search.advisor.for_pod(view, req)
+    if cut is None or cut.target is None:
+        return None
+    return Suggestion("recut", _recut_text(view, cut, search), node=cut.node, gpu=cut.gpu, profile=cut.target[0],
+                      product=cut.product)
+
+
+def _recut_text(view: ClusterView, cut: Recut, search: _Search) -> str:
+    node = view.nodes.get(cut.node)
+    inv = node.info.inventory if node is not None else None
+    gpu = next((g for g in inv.gpus if g.uuid == cut.gpu), None) if inv is not None else None
+    now = ", ".join(i.profile for i in gpu.instances) if gpu is not None and gpu.instances else "no instances"
+    idle = any(g.uuid == cut.gpu for _, _, g in search.idle_mig)
+    where = (f"idle MIG GPU {cut.gpu_index} ({cut.gpu})" if idle else
+             f"the free MIG slots of GPU {cut.gpu_index} ({cut.gpu})")
+    made = ", ".join(p for p, _ in cut.create)
+    gone = f"destroy {len(cut.destroy)} free instance{'s' if len(cut.destroy) != 1 else ''}, " if cut.destroy else ""
+    assert cut.target is not None
+    return (f"re-cut {where} on node {cut.node} (now {now}) to include a {cut.target[0]} instance: "
+            f"{gone}create {made}")
 
 
 def _label(view: ClusterView, uid: str) -> tuple[str, int]:
