@@ -111,6 +111,23 @@ def test_a_seven_slice_pod_beside_an_idle_mig_gpu_is_told_to_recut_it() -> None:
     assert any(s.kind == "add-node" and s.product == "H100-80GB" for s in p.suggestions)
 
 
+def test_free_slots_of_a_partly_used_mig_gpu_are_suggested_for_a_recut() -> None:
+    """Seven 1g instances, one held: a 3-slice MIG pod is told to re-cut three free 1g into a 3g,
+    by the extender's own planner, and the held instance is neither destroyed nor re-used."""
+    seven = tuple(("1g.10gb", i) for i in range(7))
+    mig = mig_gpu("n1", 0, seven)
+    used = mig.instances[0]
+    objs = [node_obj("n1", [mig]), pod_obj("a", 1, node="n1", assigned=sids(used.uuid, 1), isolation="mig"),
+            pod_obj("three", 3, isolation="mig")]
+    _, _, st = status_of(objs)
+    (p,) = st.pending
+    first = p.suggestions[0]
+    assert (first.kind, first.node, first.gpu, first.profile) == ("recut", "n1", mig.uuid, "3g.40gb")
+    assert first.text.startswith(f"re-cut the free MIG slots of GPU 0 ({mig.uuid}) on node n1")
+    assert first.text.endswith("to include a 3g.40gb instance: destroy 3 free instances, create 3g.40gb")
+    assert used.uuid not in first.text
+
+
 def test_a_suggested_eviction_applied_lets_the_pod_in() -> None:
     """Two MPS GPUs, each 5 of 7 slices taken by priority-0 pods; an urgent 4-slice pod. The status
     names the fewest victims; taking them out makes the scheduler's own filter pass."""
