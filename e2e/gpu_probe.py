@@ -132,7 +132,8 @@ def main() -> int:
         processes: dict[str, Any] = {}
         for g in gpus:
             try:
-                processes[g.uuid] = [p.__repr__() for p in backend.gpu_processes(g.uuid)]
+                processes[g.uuid] = [{"pid": p.pid, "used_mib": p.used_mib, "mps_client": p.mps_client}
+                                     for p in backend.gpu_processes(g.uuid)]
             except DevicePluginError as exc:
                 processes[g.uuid] = f"error: {exc}"
         report["processes"] = processes

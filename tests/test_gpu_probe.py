@@ -41,8 +41,8 @@ def test_probe_reads_cdi_names_reset_state_and_processes_and_changes_nothing(
     assert report["cdi"]["specs"] == [str(spec)] and report["cdi"]["names"] == ["0", "GPU-bbbb", "MIG-2g", "MIG-3g"]
     assert list(report["cdi"]["advertised_without_a_name"]) == ["MIG-1g"]
     assert report["reset_needed"] == ["GPU-bbbb"]
-    assert report["processes"]["GPU-bbbb"] == ["GpuProcess(pid=4242, used_mib=900, mps_client=False)",
-                                               "GpuProcess(pid=4343, used_mib=5000, mps_client=True)"]
+    assert report["processes"]["GPU-bbbb"] == [{"pid": 4242, "used_mib": 900, "mps_client": False},
+                                               {"pid": 4343, "used_mib": 5000, "mps_client": True}]
     health = {d["ID"].rsplit("::", 1)[0]: d["health"] for d in report["devices"]}
     assert health == {"MIG-3g": "Healthy", "MIG-2g": "Healthy", "MIG-1g": "Unhealthy", "GPU-bbbb": "Unhealthy"}
     assert report["unchanged"] and report["setters_refused"] == []
