@@ -133,6 +133,8 @@ class Suggestion:
     product: str = ""
     pods: tuple[str, ...] = ()
     uids: tuple[str, ...] = ()
+    #: ``recut``: the GPU's whole MIG layout afterwards, (profile, start) per instance.
+    layout: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -595,7 +597,7 @@ def _recut(view: ClusterView, req: PackRequest, search: _Search) -> Suggestion |
     if cut is None or cut.target is None:
         return None
     return Suggestion("recut", _recut_text(view, cut, search), node=cut.node, gpu=cut.gpu, profile=cut.target[0],
-                      product=cut.product)
+                      product=cut.product, layout=tuple(cut.wanted))
 
 
 def _recut_text(view: ClusterView, cut: Recut, search: _Search) -> str:

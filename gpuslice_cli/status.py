@@ -21,7 +21,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from gpuslice.advice import DEFAULT_HEADROOM, DEFAULT_MIN_COVERAGE, ClusterAdvice, duration, unavailable
 from gpuslice.config import Config, default_config, load_config_text
 from gpuslice.errors import GpuSliceError
+from gpuslice.miglayout import LayoutStatus, layout_status_of_nodes
 from gpuslice.status import ClusterStatus, GpuStatus, PendingPod, UnitStatus
 from gpuslice.units import format_mib
 from gpuslice_cli.tables import table
@@ -166,11 +167,15 @@ def _pods(u: UnitStatus) -> str:
                     for h in u.holders)
 
 
-def render(st: ClusterStatus, output: str = "table", advice: ClusterAdvice | None = None) -> str:
+def render(st: ClusterStatus, output: str = "table", advice: ClusterAdvice | None = None,
+           layouts: Sequence[LayoutStatus] = ()) -> str:
     """The status as text: kubectl-style tables (``table``/``wide``), JSON or YAML; with ``advice``,
-    its table (or its ``advice`` key)."""
+    its table (or its ``advice`` key); with ``layouts``, each MIG GPU's actual and wanted layout
+    (``migLayouts``)."""
     if output in ("json", "yaml"):
         data = st.to_dict()
+        if layouts:
+            data["migLayouts"] = [asdict(x) for x in layouts]
         if advice is not None:
             data["advice"] = asdict(advice)
         if output == "json":
@@ -212,11 +217,25 @@ def render(st: ClusterStatus, output: str = "table", advice: ClusterAdvice | Non
     if st.disagreements:
         parts.append(table(["pod", "node", "assigned", "allocated"],
                            [[d.pod, d.node, ",".join(d.assigned), ",".join(d.allocated)] for d in st.disagreements]))
+    if layouts:
+        parts.append(render_layouts(layouts))
     if st.problems:
         parts.append(table(["problem"], [[p] for p in st.problems]))
     if advice is not None:
         parts.append(render_advice(advice, wide))
     return "\n\n".join(parts)
+
+
+def _slots(layout: Sequence[tuple[str, int]] | None) -> str:
+    return ",".join(f"{p}@{s}" for p, s in layout) if layout else "-"
+
+
+def render_layouts(layouts: Sequence[LayoutStatus]) -> str:
+    """Each MIG GPU: whether its free slots follow demand, its layout now, the extender's wish, and why a
+    re-cut is pending (or why the layout is static)."""
+    rows = [[x.node, x.gpu, x.product, "dynamic" if x.dynamic else "static", _slots(x.actual),
+             _slots(x.wanted) if x.wanted is not None else "-", x.pending or "-"] for x in layouts]
+    return table(["node", "mig gpu", "product", "layout", "actual", "wanted", "pending re-cut"], rows)
 
 
 def render_advice(advice: ClusterAdvice, wide: bool = False) -> str:
@@ -273,13 +292,16 @@ def run(args: argparse.Namespace) -> int:
             raise StatusError(f"--headroom must be a ratio between 0 and 10 (0.2 = 20 %), got {headroom}")
         config = _config(args.config)
         now = time.time()
-        items: Any = _file_items(args.cluster) if args.cluster else live_items(args.kubeconfig)
+        items: list[Mapping[str, Any]] = list(_file_items(args.cluster) if args.cluster else
+                                              live_items(args.kubeconfig))
         view, st = build(items, config, now)
+        layouts = layout_status_of_nodes((i for i in items if i.get("kind") == "Node"),
+                                         config.dynamic_mig_products())
         advice = advise(view, st, config, now, url=url, window_s=window_s, headroom=headroom)
     except GpuSliceError as err:
         print(f"gpu-slice status: {err}", file=sys.stderr)
         return 2
     if url and not advice.available:
         print(f"gpu-slice status: right-sizing advice unavailable: {advice.why}", file=sys.stderr)
-    print(render(st, args.output, advice))
+    print(render(st, args.output, advice, layouts))
     return 0

@@ -124,3 +124,32 @@ def test_without_flags_it_uses_the_kubeconfig_kubectl_would(
     assert json.loads(capsys.readouterr().out)["nodes"] == []
     assert cli.main(["status", "--kubeconfig", str(tmp_path / "nowhere")]) == 2
     assert "cannot use" in capsys.readouterr().err
+
+
+def test_each_mig_gpu_shows_its_actual_and_wanted_layout_and_why_a_recut_waits(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 51: the extender's wish on the Node beside the layout the plugin advertises, and the
+    plugin's last word on it; ``-o json`` carries the same rows."""
+    from datetime import UTC, datetime
+
+    from gpuslice.layoutwire import LAYOUT_KEY, WantedGpu, WantedLayouts, encode_wanted
+
+    items = objects()
+    mig = mig_gpu("n1", 1, A_LAYOUT)
+    want = (("1g.10gb", 6), ("3g.40gb", 0), ("3g.40gb", 4))
+    items[0]["metadata"]["annotations"][LAYOUT_KEY] = encode_wanted(
+        WantedLayouts(1, datetime(2026, 1, 1, tzinfo=UTC), (WantedGpu(mig.uuid, want),)))
+    config = tmp_path / "config.yaml"
+    config.write_text("version: v1\nmigLayouts:\n  H100-80GB:\n    dynamic: true\n")
+    path = dump(tmp_path, items)
+    assert cli.main(["status", "--cluster", str(path), "--config", str(config)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, ln in enumerate(lines) if ln.startswith("NODE") and "PENDING RE-CUT" in ln)
+    row = lines[header + 1].split(None, 6)
+    assert row[:4] == ["n1", mig.uuid, "H100-80GB", "dynamic"]
+    assert row[4] == "1g.10gb@6,2g.20gb@4,3g.40gb@0" and row[5] == "1g.10gb@6,3g.40gb@0,3g.40gb@4"
+    assert row[6].startswith("re-cut to [1g.10gb@6, 3g.40gb@0, 3g.40gb@4] not applied yet")
+    assert cli.main(["status", "--cluster", str(path), "-o", "json"]) == 0  # no config: static
+    (layout,) = json.loads(capsys.readouterr().out)["migLayouts"]
+    assert layout["gpu"] == mig.uuid and layout["dynamic"] is False
+    assert [tuple(s) for s in layout["wanted"]] == list(want)

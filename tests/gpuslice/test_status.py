@@ -5,6 +5,7 @@ it must agree with (applying a suggestion must make the filter pass)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from gpuslice.remedies import fitting_products, fitting_profile
@@ -126,6 +127,29 @@ def test_free_slots_of_a_partly_used_mig_gpu_are_suggested_for_a_recut() -> None
     assert first.text.startswith(f"re-cut the free MIG slots of GPU 0 ({mig.uuid}) on node n1")
     assert first.text.endswith("to include a 3g.40gb instance: destroy 3 free instances, create 3g.40gb")
     assert used.uuid not in first.text
+
+
+def test_a_suggested_recut_applied_lets_the_pod_in() -> None:
+    """The layout the suggestion names, given to the GPU as the device plugin would cut it, makes the
+    decision API place the Pending pod there, and the held instance keeps its pod."""
+    seven = tuple(("1g.10gb", i) for i in range(7))
+    mig = mig_gpu("n1", 0, seven)
+    used = mig.instances[0]
+    held = pod_obj("a", 1, node="n1", assigned=sids(used.uuid, 1), isolation="mig")
+    pending = pod_obj("three", 3, isolation="mig")
+    _, sched, st = status_of([node_obj("n1", [mig]), held, pending])
+    assert sched.filter(pending, ["n1"], NOW).feasible == ()
+    cut = st.pending[0].suggestions[0]
+    assert cut.kind == "recut" and ("1g.10gb", 0) in cut.layout
+    kept = {(i.profile, i.start) for i in mig.instances}
+    recut = mig_gpu("n1", 0, cut.layout, tag="r")  # new instances get new UUIDs; the kept one its old
+    recut = replace(recut, instances=tuple(
+        next(i for i in mig.instances if (i.profile, i.start) == (j.profile, j.start)) if (j.profile, j.start) in kept
+        else j for j in recut.instances))
+    assert used in recut.instances
+    _, sched2, st2 = status_of([node_obj("n1", [recut]), held, pending])
+    assert sched2.filter(pending, ["n1"], NOW).feasible == ("n1",)
+    assert st2.pending[0].cause == "fits"
 
 
 def test_a_suggested_eviction_applied_lets_the_pod_in() -> None:
