@@ -32,7 +32,7 @@ def _restart_extenders(system: System) -> None:
     for r in system.replicas:
         r.extender.stop()
         r.extender.start()
-        url = f"{r.url}/healthz"
+        url = f"{r.ops_url}/healthz"
         wait(f"{r.extender.name} /healthz", lambda r=r, url=url: (r.extender.check(), http("GET", url)[0] == 200)[1],
              60, on_timeout=lambda r=r: tail(r.extender.log))
     system.wait_leader()

@@ -91,7 +91,7 @@ def test_per_pod_series_gauges_and_advice(system: System, record: dict[str, Any]
     record["advised_after_s"] = round(time.monotonic() - t0, 1)
 
     system.kubectl("apply", "--dry-run=server", "--validate=strict", "-n", TEST_NS, "-f",
-                   str(REPO / "manifests/examples/hpa-vllm.yaml"))
+                   str(REPO / "manifests/examples/autoscaling/hpa-vllm.yaml"))
     counts = system.settle_and_audit()
     record["counts"] = counts_dict(counts)
     assert not counts.bad(), counts.problems

@@ -486,7 +486,7 @@ def test_examples_opt_in_and_are_sized_by_memory() -> None:
     templates = {(f, o["kind"]): o["spec"]["template"] for f, o in examples() if o["kind"] in ("Deployment", "Job")}
     assert set(templates) == {("vllm.yaml", "Deployment"), ("tgi.yaml", "Deployment"),
                               ("mig-only.yaml", "Deployment"), ("batch-spot.yaml", "Job"),
-                              ("hpa-vllm.yaml", "Deployment")}
+                              ("autoscaling/hpa-vllm.yaml", "Deployment")}
     for (f, _), tpl in templates.items():
         spec = tpl["spec"]
         assert spec["schedulerName"] == PROFILE, f
@@ -502,7 +502,7 @@ def test_examples_opt_in_and_are_sized_by_memory() -> None:
     job = templates[("batch-spot.yaml", "Job")]["spec"]
     assert {"karpenter.sh/capacity-type", "cloud.google.com/gke-spot"} <= {t["key"] for t in job["tolerations"]}
     kinds = {(f, o["kind"]) for f, o in examples()}
-    for f in ("vllm.yaml", "tgi.yaml", "hpa-vllm.yaml"):
+    for f in ("vllm.yaml", "tgi.yaml", "autoscaling/hpa-vllm.yaml"):
         assert {(f, "Service"), (f, "HorizontalPodAutoscaler")} <= kinds
 
 
@@ -539,7 +539,7 @@ def test_readme_install_section() -> None:
     for overlay in OVERLAYS:
         assert f"kubectl apply -k manifests/overlays/{overlay}" in install
         assert (MANIFESTS / "overlays" / overlay / "kustomization.yaml").is_file()
-    for example in re.findall(r"manifests/examples/([\w.-]+\.yaml)", install):
+    for example in re.findall(r"manifests/examples/([\w./-]+\.yaml)", install):
         assert (EXAMPLES / example).is_file(), example
     versions = readme.split("\n## Supported versions\n", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| Kubernetes \| (\S+) to (\S+) \|", versions, re.M)

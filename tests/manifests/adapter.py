@@ -1,4 +1,4 @@
-"""The shipped prometheus-adapter rules (``manifests/examples/prometheus-adapter-rules.yaml``) and the
+"""The shipped prometheus-adapter rules (``manifests/examples/autoscaling/prometheus-adapter-rules.yaml``) and the
 PromQL prometheus-adapter builds from them for a pod metric, as its ``metricsQuery.Build`` does
 (kubernetes-sigs/prometheus-adapter ``pkg/naming/metrics_query.go``): ``<<.Series>>`` is the series
 name, ``<<.LabelMatchers>>`` the namespace matcher and then the resource's (``pod="a"`` for one
@@ -14,8 +14,8 @@ import yaml
 
 from tests.manifests.built import EXAMPLES
 
-RULES_FILE = EXAMPLES / "prometheus-adapter-rules.yaml"
-HPA_FILE = EXAMPLES / "hpa-vllm.yaml"
+RULES_FILE = EXAMPLES / "autoscaling" / "prometheus-adapter-rules.yaml"
+HPA_FILE = EXAMPLES / "autoscaling" / "hpa-vllm.yaml"
 
 
 def rules() -> list[dict[str, Any]]:

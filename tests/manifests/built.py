@@ -106,6 +106,6 @@ def named_prefix(objs: list[Obj], kind: str, prefix: str) -> Obj:
 
 def examples() -> list[tuple[str, Obj]]:
     out = []
-    for path in sorted(EXAMPLES.glob("*.yaml")):
-        out += [(path.name, d) for d in yaml.safe_load_all(path.read_text()) if d]
+    for path in sorted(EXAMPLES.rglob("*.yaml")):
+        out += [(path.relative_to(EXAMPLES).as_posix(), d) for d in yaml.safe_load_all(path.read_text()) if d]
     return out
