@@ -80,6 +80,15 @@ def _scheduler(objs: list[Obj]) -> tuple[Obj, Obj]:
 
 # ---- the scheduler profile and the extender ---------------------------------------------------------
 
+def test_kube_scheduler_retries_pods_the_extender_refused_within_a_minute() -> None:
+    """An extender's refusal has no queueing hint, so kube-scheduler must flush its unschedulable pods
+    often (the 5-minute default left a pod Pending after its slices were freed: e2e scenario 7)."""
+    dep, _ = _scheduler(build("simulated"))
+    (sched,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "kube-scheduler"]
+    (flag,) = [f for f in sched["command"] if f.startswith("--pod-max-in-unschedulable-pods-duration=")]
+    assert flag.split("=", 1)[1] == "30s"
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_scheduler_config_matches_the_extender(overlay: str) -> None:
     from extender import cli
