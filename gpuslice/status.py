@@ -480,6 +480,7 @@ class _Search:
         self.idle_mig = idle_mig
         self.found: dict[tuple[PackRequest, int], Suggestion | None] = {}
         self.advisor: RecutAdvisor | None = None  # set when a Pending pod could take a MIG instance
+        self.recuts: dict[PackRequest, Recut | None] = {}
 
     def best(self, view: ClusterView, info: PodInfo, req: PackRequest, resolvable: list[int],
              now: float) -> Suggestion | None:
@@ -593,7 +594,10 @@ def _recut(view: ClusterView, req: PackRequest, search: _Search) -> Suggestion |
     holds or a reservation keeps touched. On an idle GPU that is a re-cut of the whole GPU."""
     if search.advisor is None or not _mig_able(req):
         return None
-    cut = search.advisor.for_pod(view, req)
+    key = replace(req, uid="")
+    if key not in search.recuts:  # Pending pods of one shape get one answer, as for evictions
+        search.recuts[key] = search.advisor.for_pod(view, req)
+    cut = search.recuts[key]
     if cut is None or cut.target is None:
         return None
     return Suggestion("recut", _recut_text(view, cut, search), node=cut.node, gpu=cut.gpu, profile=cut.target[0],
