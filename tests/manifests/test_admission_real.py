@@ -16,6 +16,7 @@ import json
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,19 @@ class Who:
         return self.run("auth", "can-i", verb, *args, "-n", ns).stdout.strip() == "yes"
 
 
+def _wait_for_policies(admin: Who) -> None:
+    """The API server compiles new admission policies within a second or two, all from one informer:
+    wait until one of them (only the extender writes a Node's wanted MIG layout) refuses an admin."""
+    body = json.dumps({"metadata": {"annotations": {"example.com/gpu-slice.mig-layout": '{"v":1}'}}})
+    deadline = time.monotonic() + 30
+    while True:
+        done = admin.run("patch", "node", "probe", "--type=merge", "-p", body)
+        if done.returncode != 0 and "only gpu-slice's extender may write" in done.stderr:
+            return
+        assert time.monotonic() < deadline, f"the policies never took effect: {done.stdout}{done.stderr}"
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def real() -> Iterator[dict[str, Who]]:
     work = Path(tempfile.mkdtemp(prefix="gsa", dir="/tmp"))
@@ -95,9 +109,10 @@ def real() -> Iterator[dict[str, Who]]:
         objs = [o for o in build("nvidia") if o["kind"] not in SKIPPED]
         admin.ok("apply", "--server-side", "--field-manager=gpu-slice-install", "--validate=strict", "-f", "-",
                  stdin=yaml.safe_dump_all(objs))
-        for name in ("gpu-1", "gpu-2"):
+        for name in ("gpu-1", "gpu-2", "probe"):
             admin.ok("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "Node",
                                                            "metadata": {"name": name}}))
+        _wait_for_policies(admin)
         # A tenant with broad rights on pods in its namespace: what stops it must be admission.
         admin.ok("create", "namespace", TENANT_NS)
         admin.ok("create", "serviceaccount", "dev", "-n", TENANT_NS)

@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def cluster() -> Iterator[Path]:
         done = _kubectl(admin, "apply", "--server-side", "--field-manager=gpu-slice-install", "-f", "-",
                         stdin=yaml.safe_dump_all(objs))
         assert done.returncode == 0, done.stderr
-        for node in ("gpu-1", "gpu-2"):
+        for node in ("gpu-1", "gpu-2", "probe"):
             done = _kubectl(admin, "create", "-f", "-", stdin=json.dumps(
                 {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
             assert done.returncode == 0, done.stderr
@@ -59,6 +60,14 @@ def cluster() -> Iterator[Path]:
         run_cluster("sa-kubeconfig", str(work), f"{NAMESPACE}/gpu-slice-extender", str(work / "ext.kubeconfig"))
         run_cluster("sa-kubeconfig", str(work), f"{NAMESPACE}/gpu-slice-device-plugin", str(work / "dp.kubeconfig"),
                     "--bound-pod", f"{NAMESPACE}/plugin-gpu-1")
+        # The API server compiles a new policy within a second or two: wait until it refuses an admin.
+        deadline = time.monotonic() + 30
+        while True:
+            done = _patch(work, "kubeconfig", "probe", annotations={WISH: '{"v":1}'})
+            if done.returncode != 0 and "only gpu-slice's extender may write" in done.stderr:
+                break
+            assert time.monotonic() < deadline, f"the policy never took effect: {done.stdout}{done.stderr}"
+            time.sleep(0.5)
         yield work
     finally:
         try:
