@@ -12,6 +12,7 @@ tokens each component really has (issue 47):
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
@@ -90,9 +91,9 @@ class Who:
 def _wait_for_policies(admin: Who) -> None:
     """The API server compiles new admission policies within a second or two, all from one informer:
     wait until one of them (only the extender writes a Node's wanted MIG layout) refuses an admin."""
-    body = json.dumps({"metadata": {"annotations": {"example.com/gpu-slice.mig-layout": '{"v":1}'}}})
     deadline = time.monotonic() + 30
-    while True:
+    for n in itertools.count():  # a new value each time: a patch that changes nothing is not refused
+        body = json.dumps({"metadata": {"annotations": {"example.com/gpu-slice.mig-layout": f'{{"v":1,"n":{n}}}'}}})
         done = admin.run("patch", "node", "probe", "--type=merge", "-p", body)
         if done.returncode != 0 and "only gpu-slice's extender may write" in done.stderr:
             return

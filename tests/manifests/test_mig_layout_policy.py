@@ -4,6 +4,7 @@ writes the result (skipped where the kit is absent)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
@@ -62,8 +63,8 @@ def cluster() -> Iterator[Path]:
                     "--bound-pod", f"{NAMESPACE}/plugin-gpu-1")
         # The API server compiles a new policy within a second or two: wait until it refuses an admin.
         deadline = time.monotonic() + 30
-        while True:
-            done = _patch(work, "kubeconfig", "probe", annotations={WISH: '{"v":1}'})
+        for n in itertools.count():  # a new value each time: a patch that changes nothing is not refused
+            done = _patch(work, "kubeconfig", "probe", annotations={WISH: f'{{"v":1,"n":{n}}}'})
             if done.returncode != 0 and "only gpu-slice's extender may write" in done.stderr:
                 break
             assert time.monotonic() < deadline, f"the policy never took effect: {done.stdout}{done.stderr}"
