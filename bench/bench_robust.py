@@ -95,11 +95,7 @@ def departures_replay(state: ClusterState, shapes: Sequence[PackRequest], policy
     picks = rng.integers(len(shapes), size=n)
     cluster = PackedCluster(state)
     sched = Scheduler(cluster, spec(policy), seed=seed, trace=list(shapes))
-    driver = attach(sched, devices)
-    if layouts is not None:
-        if driver is not None:
-            raise ValueError("dynamic MIG layouts and a DRA device choice are not modelled together")
-        sched.instance_order = layouts.instance_order
+    driver = attach(sched, devices, layouts)
     heap: list[tuple[float, int, int, list[int], int, int, int, str]] = []
     start = horizon / 3.0
     area = 0.0

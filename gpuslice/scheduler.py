@@ -697,12 +697,19 @@ def before(first: F64, then: F64) -> F64:
 
 def pods_as_requests(view: ClusterView, *, owner_spread: bool = True) -> list[PackRequest]:
     """The packing requests of the pods that hold slices now (what a warm start observes), oldest first."""
+    return held_requests((p.info for p in view.pods.values() if p.claim is not None), view.settings.slices_per_gpu,
+                         owner_spread=owner_spread)
+
+
+def held_requests(infos: Iterable[PodInfo], slices_per_gpu: int, *, owner_spread: bool = True) -> list[PackRequest]:
+    """The packing requests of pods known to hold slices, oldest first; projections are immutable, so
+    a caller may pass pods scanned earlier and run this outside the view's lock."""
     out: list[tuple[str, PackRequest]] = []
-    for p in view.pods.values():
-        if p.claim is None or p.info.request is None or p.info.terminal:
+    for info in infos:
+        if info.request is None or info.terminal:
             continue
         try:
-            out.append((p.info.created, p.info.pack(view.settings.slices_per_gpu, owner_spread=owner_spread)))
+            out.append((info.created, info.pack(slices_per_gpu, owner_spread=owner_spread)))
         except RequestError:
             continue
     return [r for _, r in sorted(out, key=lambda t: t[0])]

@@ -37,7 +37,8 @@ from gpuslice.pods import PodInfo
 from gpuslice.preemption import victims_on
 from gpuslice.reasons import explain
 from gpuslice.remedies import fitting_products
-from gpuslice.scheduler import Scheduler
+from gpuslice.rules import isolation_allows
+from gpuslice.scheduler import Scheduler, held_requests
 from gpuslice.units import format_mib
 from gpuslice.view import ClusterView
 
@@ -570,22 +571,15 @@ def _suggest(view: ClusterView, info: PodInfo, req: PackRequest, fit: Fit, resol
 
 
 def _mig_able(req: PackRequest) -> bool:
-    return req.gpus == 1 and req.isolation != "mps"
+    return req.gpus == 1 and isolation_allows("mig", req.isolation)
 
 
 def _advisor(scanned: Iterable[tuple[PodInfo, bool]], view: ClusterView, owner_spread: bool) -> RecutAdvisor:
-    """The core's re-cut planner, its demand learned from the pods that hold slices (oldest first, as the
-    extender's warm start observes them); projections are immutable, so this runs outside any hold."""
-    held: list[tuple[str, PackRequest]] = []
-    for info, unclaimed in scanned:
-        if unclaimed or info.terminal or info.request is None or info.error:
-            continue
-        try:
-            held.append((info.created, info.pack(view.settings.slices_per_gpu, owner_spread=owner_spread)))
-        except GpuSliceError:
-            continue
-    held.sort(key=lambda t: t[0])
-    return RecutAdvisor((r for _, r in held), memory_tolerance=view.settings.memory_tolerance)
+    """The core's re-cut planner, its demand learned from the pods that hold slices (as the extender's
+    warm start observes them), outside any hold."""
+    held = held_requests((info for info, unclaimed in scanned if not unclaimed), view.settings.slices_per_gpu,
+                         owner_spread=owner_spread)
+    return RecutAdvisor(held, memory_tolerance=view.settings.memory_tolerance)
 
 
 def _recut(view: ClusterView, req: PackRequest, search: _Search) -> Suggestion | None:

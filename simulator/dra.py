@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -29,6 +30,9 @@ from gpuslice.packing.first_fit import PublishedOrder
 from gpuslice.packing.state import PackRequest
 from gpuslice.policies.device_order import DeviceSteering
 from gpuslice.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from simulator.miglayouts import DynamicLayouts
 
 DEVICE_CHOICES = ("free", "steered", "first-fit")
 I64 = NDArray[np.int64]
@@ -129,8 +133,13 @@ class Driver:
             self._pending = self.steering.orders()
 
 
-def attach(sched: Scheduler, choice: DeviceChoice | None) -> Driver | None:
-    """A driver for ``choice`` over ``sched``; ``None`` for ``free`` (nothing changes)."""
-    if choice is None or choice.kind == "free":
-        return None
-    return Driver(sched, choice)
+def attach(sched: Scheduler, choice: DeviceChoice | None, layouts: DynamicLayouts | None = None) -> Driver | None:
+    """A driver for ``choice`` over ``sched``; ``None`` for ``free`` (nothing changes). With ``layouts``
+    (dynamic MIG layouts) the scheduler takes their instance order instead; the two are not modelled
+    together (under DRA the devices are the instances a driver published)."""
+    driver = None if choice is None or choice.kind == "free" else Driver(sched, choice)
+    if layouts is not None:
+        if driver is not None:
+            raise ValueError("dynamic MIG layouts and a DRA device choice are not modelled together")
+        sched.instance_order = layouts.instance_order
+    return driver

@@ -108,11 +108,7 @@ def replay(state: ClusterState, reqs: Sequence[PackRequest], base: Sequence[Pack
         raise ValueError(f"mode must be one of {', '.join(MODES)}")
     cluster = PackedCluster(state)
     sched = Scheduler(cluster, policy, narrow=options.narrow, seed=seed, trace=list(base))
-    driver = attach(sched, options.devices)
-    if layouts is not None:
-        if driver is not None:
-            raise ValueError("dynamic MIG layouts and a DRA device choice are not modelled together")
-        sched.instance_order = layouts.instance_order
+    driver = attach(sched, options.devices, layouts)
     paper_rank = np.empty(state.n_nodes, dtype=np.int64)
     paper_rank[np.random.default_rng(seed).permutation(state.n_nodes)] = np.arange(state.n_nodes)
     ext_rank = sched.node_keys()

@@ -189,7 +189,6 @@ class Replay:
         self.packed = PackedCluster(self.state, reservation_ttl_s)
         self.sched = Scheduler(self.packed, policy, narrow=NarrowConfig(margin=margin, max_nodes=1),
                                seed=workload.seed)
-        self.driver = attach(self.sched, devices)  # None: the extender picks the device (today)
         self.policy = self.sched.policy
         self.memory = self.sched.memory
         self.n_gpus = int(self.unit_gpu.max()) + 1 if self.unit_gpu.shape[0] else 0
@@ -226,10 +225,7 @@ class Replay:
         self.layouts = DynamicLayouts.build(self.state, {n.name: n.inventory for n in cluster.nodes}, mig_dynamic,
                                             memory_tolerance=self.state.memory_tolerance,
                                             wait_s=recut_wait_s) if mig_dynamic else None
-        if self.layouts is not None:
-            if self.driver is not None:
-                raise ValueError("dynamic MIG layouts and a DRA device choice are not modelled together")
-            self.sched.instance_order = self.layouts.instance_order
+        self.driver = attach(self.sched, devices, self.layouts)  # None: the extender picks the device (today)
         self._gpu_number = {(int(self.state.unit_node[u]), int(self.state.unit_gpu_index[u])): int(self.unit_gpu[u])
                             for u in range(self.state.n_units)}
 

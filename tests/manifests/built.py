@@ -11,6 +11,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +111,19 @@ def examples() -> list[tuple[str, Obj]]:
     for path in sorted(EXAMPLES.rglob("*.yaml")):
         out += [(path.relative_to(EXAMPLES).as_posix(), d) for d in yaml.safe_load_all(path.read_text()) if d]
     return out
+
+
+def until_refused(attempt: Callable[[int], subprocess.CompletedProcess[str]], marker: str,
+                  timeout: float = 30) -> None:
+    """The API server compiles a new admission policy within a second or two: call ``attempt(n)`` until
+    it is refused with ``marker`` in its error. ``n`` counts the attempts, so a write can carry a new
+    value each time (a write that changes nothing is admitted and would never show the refusal)."""
+    deadline = time.monotonic() + timeout
+    n = 0
+    while True:
+        done = attempt(n)
+        if done.returncode != 0 and marker in done.stderr:
+            return
+        assert time.monotonic() < deadline, f"the policy never took effect: {done.stdout}{done.stderr}"
+        n += 1
+        time.sleep(0.5)

@@ -12,12 +12,10 @@ tokens each component really has (issue 47):
 
 from __future__ import annotations
 
-import itertools
 import json
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,7 @@ import yaml
 from gpuslice import annotations as ann
 from tests import k8s_launcher as launcher
 from tests.k8s_launcher import run_cluster
-from tests.manifests.built import NAMESPACE, build, kubectl
+from tests.manifests.built import NAMESPACE, build, kubectl, until_refused
 
 pytestmark = [
     pytest.mark.skipif(not launcher.CLUSTER.is_file(), reason=f"no real control plane: {launcher.CLUSTER} is absent"),
@@ -91,14 +89,9 @@ class Who:
 def _wait_for_policies(admin: Who) -> None:
     """The API server compiles new admission policies within a second or two, all from one informer:
     wait until one of them (only the extender writes a Node's wanted MIG layout) refuses an admin."""
-    deadline = time.monotonic() + 30
-    for n in itertools.count():  # a new value each time: a patch that changes nothing is not refused
-        body = json.dumps({"metadata": {"annotations": {"example.com/gpu-slice.mig-layout": f'{{"v":1,"n":{n}}}'}}})
-        done = admin.run("patch", "node", "probe", "--type=merge", "-p", body)
-        if done.returncode != 0 and "only gpu-slice's extender may write" in done.stderr:
-            return
-        assert time.monotonic() < deadline, f"the policies never took effect: {done.stdout}{done.stderr}"
-        time.sleep(0.5)
+    until_refused(lambda n: admin.run("patch", "node", "probe", "--type=merge", "-p", json.dumps(
+        {"metadata": {"annotations": {"example.com/gpu-slice.mig-layout": f'{{"v":1,"n":{n}}}'}}})),
+                  "only gpu-slice's extender may write")
 
 
 @pytest.fixture(scope="module")

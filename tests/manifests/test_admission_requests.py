@@ -11,7 +11,6 @@ import json
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import yaml
 from gpuslice.errors import GpuSliceError
 from gpuslice.pods import project
 from tests import k8s_launcher as launcher
-from tests.manifests.built import MANIFESTS, build, kubectl
+from tests.manifests.built import MANIFESTS, build, kubectl, until_refused
 
 pytestmark = [
     pytest.mark.skipif(not launcher.CLUSTER.is_file(), reason=f"no real control plane: {launcher.CLUSTER} is absent"),
@@ -140,17 +139,15 @@ def _install_policy(admin: Path) -> None:
     done = _kubectl(admin, "apply", "--server-side", "--field-manager=gpu-slice-install", "-f", "-",
                     stdin=yaml.safe_dump_all(objs))
     assert done.returncode == 0, done.stderr
-    # The API server compiles a new policy within a second or two: wait until it refuses.
-    deadline = time.monotonic() + 30
     probe = pod("probe", memory="20GB")
-    while True:
+
+    def attempt(_: int) -> subprocess.CompletedProcess[str]:
         done = _create(admin, probe)
-        if done.returncode != 0 and "gpu-slice-requests" in done.stderr:
-            return
-        if done.returncode == 0:
+        if done.returncode == 0:  # admitted before the policy took effect
             _kubectl(admin, "delete", "pod", "probe", "--wait=false")
-        assert time.monotonic() < deadline, f"the policy never took effect: {done.stdout}{done.stderr}"
-        time.sleep(0.5)
+        return done
+
+    until_refused(attempt, "gpu-slice-requests")
 
 
 def test_bad_requests_are_refused_with_the_extenders_reason_and_good_ones_admitted(apiserver: Path) -> None:

@@ -4,12 +4,10 @@ writes the result (skipped where the kit is absent)."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import yaml
 
 from tests import k8s_launcher as launcher
 from tests.k8s_launcher import run_cluster
-from tests.manifests.built import NAMESPACE, build, kubectl
+from tests.manifests.built import NAMESPACE, build, kubectl, until_refused
 
 CLUSTER = launcher.CLUSTER
 SKIPPED = {"DaemonSet", "Deployment", "PodMonitor", "ServiceMonitor", "PrometheusRule"}
@@ -61,14 +59,9 @@ def cluster() -> Iterator[Path]:
         run_cluster("sa-kubeconfig", str(work), f"{NAMESPACE}/gpu-slice-extender", str(work / "ext.kubeconfig"))
         run_cluster("sa-kubeconfig", str(work), f"{NAMESPACE}/gpu-slice-device-plugin", str(work / "dp.kubeconfig"),
                     "--bound-pod", f"{NAMESPACE}/plugin-gpu-1")
-        # The API server compiles a new policy within a second or two: wait until it refuses an admin.
-        deadline = time.monotonic() + 30
-        for n in itertools.count():  # a new value each time: a patch that changes nothing is not refused
-            done = _patch(work, "kubeconfig", "probe", annotations={WISH: f'{{"v":1,"n":{n}}}'})
-            if done.returncode != 0 and "only gpu-slice's extender may write" in done.stderr:
-                break
-            assert time.monotonic() < deadline, f"the policy never took effect: {done.stdout}{done.stderr}"
-            time.sleep(0.5)
+        # Until the policy refuses even an admin.
+        until_refused(lambda n: _patch(work, "kubeconfig", "probe", annotations={WISH: f'{{"v":1,"n":{n}}}'}),
+                      "only gpu-slice's extender may write")
         yield work
     finally:
         try:
