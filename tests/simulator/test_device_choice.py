@@ -192,3 +192,11 @@ def test_a_steered_trace_run_says_how_devices_were_chosen(tmp_path: Path, capsys
     assert meta["device_choice"] == "steered, republished every 4 events, seen one event late"
     assert run(parse(["--nodes", str(nodes), "--pods", str(pods)])) == 0
     assert "device choice" not in capsys.readouterr().out  # free: today's output
+
+
+def test_dynamic_mig_layouts_and_a_dra_device_choice_are_refused_together(capsys: pytest.CaptureFixture[str]) -> None:
+    """Under DRA the devices are the instances a driver published; a re-cut is not modelled with it."""
+    assert run(parse(["--mig-layouts", "dynamic", "--device-choice", "first-fit"])) == 2
+    err = capsys.readouterr().err
+    assert "--device-choice first-fit models DRA over static MIG layouts" in err
+    assert "give --mig-layouts static" in err
