@@ -48,12 +48,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(autouse=True)
 def _clean_after(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Whatever a scenario left (a failed one too), the next starts on an empty test namespace."""
+    """Whatever a scenario left (a failed one too), the next starts on an empty test namespace, with
+    every kube-scheduler replica running (one that exited, say on losing its Lease, is started again
+    as the kubelet would)."""
     yield
     if "system" in request.fixturenames:
         s: System = request.getfixturevalue("system")
         with contextlib.suppress(Exception):
             clean(s)
+        with contextlib.suppress(Exception):
+            s.revive_schedulers()
 
 
 @pytest.fixture

@@ -559,6 +559,8 @@ class Replica:
     scheduler_config: Path
     scheduler_name: str
     ops_port: int = 0
+    #: kube-scheduler's flags as the shipped Deployment gives them (every start of this replica uses them).
+    flags: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
@@ -778,16 +780,35 @@ class System:
         dep = one(self.built, "Deployment", "gpu-slice-scheduler")
         (sched,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "kube-scheduler"]
         flags = [f for f in sched["command"][1:] if not f.startswith("--config=")]
-        replica = Replica(i, identity, port, ext, path, f"sched-{i}", ops_port)
+        replica = Replica(i, identity, port, ext, path, f"sched-{i}", ops_port, tuple(flags))
         self.replicas.append(replica)
-        self.start_scheduler(replica, flags)
+        self.start_scheduler(replica)
         if self.prometheus is not None:
             self.reload_prometheus()
 
-    def start_scheduler(self, replica: Replica, flags: list[str] | None = None) -> None:
+    def start_scheduler(self, replica: Replica) -> None:
+        """Start the replica's kube-scheduler with the Deployment's flags: a restart that dropped them
+        (``--pod-max-in-unschedulable-pods-duration`` among them) would test another scheduler."""
         host = ["--hostname", replica.identity] if self.fencing else []
         cluster("scheduler", str(self.work), str(replica.scheduler_config), "--name", replica.scheduler_name, *host,
-                "--", *(flags if flags is not None else ["--v=2"]))
+                "--", *replica.flags)
+
+    def running_schedulers(self) -> set[str]:
+        """The names of the replicas' kube-schedulers that are running now (the launcher's status)."""
+        return {f[0] for f in (ln.split() for ln in cluster("status", str(self.work)).splitlines())
+                if len(f) > 1 and f[1] != "-"}
+
+    def revive_schedulers(self) -> list[str]:
+        """Start again every replica's kube-scheduler that has exited, as the kubelet restarts a
+        Deployment's container: kube-scheduler exits when it loses its Lease (a kube-apiserver restart
+        longer than its renew deadline does that), and a scenario that follows must not meet a cluster
+        with fewer schedulers than the manifests run. Returns the names started."""
+        running = self.running_schedulers()
+        started = [r.scheduler_name for r in self.replicas if r.scheduler_name not in running]
+        for r in self.replicas:
+            if r.scheduler_name in started:
+                self.start_scheduler(r)
+        return started
 
     def stop_scheduler(self, replica: Replica) -> None:
         cluster("stop", str(self.work), replica.scheduler_name)
@@ -864,6 +885,29 @@ class System:
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
+    def diagnose(self, pods: Iterable[str] = ()) -> str:
+        """A few lines on why pods may not be moving: who holds the Lease, which of our processes and
+        kube-schedulers are down, and what each kube-scheduler last said about each pod. Never raises:
+        it runs while a failure is being reported."""
+        try:
+            return self._diagnose(pods)
+        except Exception as exc:
+            return f"(no diagnosis: {exc!r})"
+
+    def _diagnose(self, pods: Iterable[str]) -> str:
+        out = [f"lease holder: {self.kube.lease_holder() or '(none)'}"]
+        down = [p.name for p in self.procs if p.alive is False]
+        running = self.running_schedulers()
+        down += [r.scheduler_name for r in self.replicas if r.scheduler_name not in running]
+        out.append(f"down: {', '.join(down) or 'nothing'}")
+        for r in self.replicas:
+            log = tail(self.work / "logs" / f"{r.scheduler_name}.log", 400_000).splitlines()
+            for name in sorted(set(pods)):
+                said = [ln for ln in log if f'pod="{TEST_NS}/{name}"' in ln][-3:]
+                out += [f"{r.scheduler_name} on {name}: {ln[:700]}" for ln in said]
+            out += [f"{r.scheduler_name}: {ln[:300]}" for ln in log if "Leaderelection lost" in ln][-1:]
+        return "\n".join(out)
+
     def logs(self) -> str:
         parts = []
         for p in self.procs:
@@ -909,7 +953,8 @@ def wait_placed(system: System, names: Iterable[str], timeout: float = 180) -> d
         pods = {p["metadata"]["name"]: p for p in system.kube.pods()}
         lines = [f"{n}: {pods[n]['spec'].get('nodeName')} {pods[n]['status'].get('phase')} "
                  f"{pods[n]['status'].get('reason')}" if n in pods else f"{n}: gone" for n in sorted(want)]
-        return "\n".join(lines) + "\n" + system.logs()
+        # The short diagnosis first: CI keeps the head and the tail of a long failure, not its middle.
+        return "\n".join(lines) + "\n" + system.diagnose(want) + "\n" + system.logs()
     got: dict[str, dict[str, Any]] = wait(f"{len(want)} pods Running and stamped", done, timeout, interval=0.5,
                                           on_timeout=why)
     return got
