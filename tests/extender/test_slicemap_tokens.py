@@ -7,7 +7,6 @@ data."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from extender.authgate import AuthGate
 from extender.slicemap import routes
 from tests import k8s_launcher as launcher
 from tests.extender.test_slicemap import Client, extender
-from tests.manifests.built import NAMESPACE, build, kubectl
+from tests.manifests.built import NAMESPACE, build, kubectl, run_kubectl
 
 pytestmark = [
     pytest.mark.skipif(not launcher.CLUSTER.is_file(), reason=f"no real control plane: {launcher.CLUSTER} is absent"),
@@ -30,10 +29,7 @@ pytestmark = [
 
 
 def _kubectl(admin: Path, *args: str, stdin: str | None = None) -> str:
-    exe = kubectl()
-    assert exe is not None
-    done = subprocess.run([exe, "--kubeconfig", str(admin), *args], input=stdin, capture_output=True, text=True,
-                          timeout=60, check=False)
+    done = run_kubectl(admin, *args, stdin=stdin)
     assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
     return done.stdout.strip()
 

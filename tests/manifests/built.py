@@ -38,6 +38,14 @@ def kubectl() -> str | None:
     return shutil.which("kubectl")
 
 
+def run_kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """kubectl as the identity of one kubeconfig file, its output captured; the caller judges the exit."""
+    exe = kubectl()
+    assert exe is not None
+    return subprocess.run([exe, "--kubeconfig", str(kubeconfig), *args], input=stdin, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
 @functools.cache
 def _build(path: str) -> tuple[Obj, ...]:
     exe = kubectl()

@@ -26,7 +26,7 @@ import yaml
 from gpuslice import annotations as ann
 from tests import k8s_launcher as launcher
 from tests.k8s_launcher import run_cluster
-from tests.manifests.built import NAMESPACE, build, kubectl, until_refused
+from tests.manifests.built import NAMESPACE, build, kubectl, run_kubectl, until_refused
 
 pytestmark = [
     pytest.mark.skipif(not launcher.CLUSTER.is_file(), reason=f"no real control plane: {launcher.CLUSTER} is absent"),
@@ -46,10 +46,7 @@ class Who:
         self.kubeconfig = kubeconfig
 
     def run(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        exe = kubectl()
-        assert exe is not None
-        return subprocess.run([exe, "--kubeconfig", str(self.kubeconfig), *args], input=stdin, capture_output=True,
-                              text=True, timeout=60, check=False)
+        return run_kubectl(self.kubeconfig, *args, stdin=stdin)
 
     def ok(self, *args: str, stdin: str | None = None) -> str:
         done = self.run(*args, stdin=stdin)

@@ -21,7 +21,7 @@ import yaml
 from gpuslice.errors import GpuSliceError
 from gpuslice.pods import project
 from tests import k8s_launcher as launcher
-from tests.manifests.built import MANIFESTS, build, kubectl, until_refused
+from tests.manifests.built import MANIFESTS, build, kubectl, run_kubectl, until_refused
 
 pytestmark = [
     pytest.mark.skipif(not launcher.CLUSTER.is_file(), reason=f"no real control plane: {launcher.CLUSTER} is absent"),
@@ -33,10 +33,7 @@ OVERLAYS = sorted(p.name for p in (MANIFESTS / "overlays").iterdir() if (p / "ku
 
 
 def _kubectl(admin: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    exe = kubectl()
-    assert exe is not None
-    return subprocess.run([exe, "--kubeconfig", str(admin), *args], input=stdin, capture_output=True, text=True,
-                          timeout=60, check=False)
+    return run_kubectl(admin, *args, stdin=stdin)
 
 
 @pytest.fixture(scope="module")

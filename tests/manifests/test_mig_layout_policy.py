@@ -16,7 +16,7 @@ import yaml
 
 from tests import k8s_launcher as launcher
 from tests.k8s_launcher import run_cluster
-from tests.manifests.built import NAMESPACE, build, kubectl, until_refused
+from tests.manifests.built import NAMESPACE, build, kubectl, run_kubectl, until_refused
 
 CLUSTER = launcher.CLUSTER
 SKIPPED = {"DaemonSet", "Deployment", "PodMonitor", "ServiceMonitor", "PrometheusRule"}
@@ -32,10 +32,7 @@ pytestmark = [
 
 
 def _kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    exe = kubectl()
-    assert exe is not None
-    return subprocess.run([exe, "--kubeconfig", str(kubeconfig), *args], input=stdin, capture_output=True, text=True,
-                          timeout=60, check=False)
+    return run_kubectl(kubeconfig, *args, stdin=stdin)
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ import yaml
 
 from tests import k8s_launcher as launcher
 from tests.k8s_launcher import run_cluster
-from tests.manifests.built import NAMESPACE, REPO, build, kubectl, named_prefix, one
+from tests.manifests.built import NAMESPACE, REPO, build, kubectl, named_prefix, one, run_kubectl
 
 CLUSTER = launcher.CLUSTER
 SA = f"{NAMESPACE}/gpu-slice-extender"
@@ -56,10 +56,7 @@ def _cluster(*args: str, timeout: float = 120) -> str:
 
 
 def _kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
-    exe = kubectl()
-    assert exe is not None
-    done = subprocess.run([exe, "--kubeconfig", str(kubeconfig), *args], input=stdin, capture_output=True,
-                          text=True, timeout=60, check=False)
+    done = run_kubectl(kubeconfig, *args, stdin=stdin)
     if done.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)} failed:\n{done.stderr[-4000:]}")
     return done.stdout

@@ -20,7 +20,7 @@ import yaml
 
 from tests import k8s_launcher as launcher
 from tests.k8s_launcher import run_cluster
-from tests.manifests.built import NAMESPACE, build, kubectl
+from tests.manifests.built import NAMESPACE, build, kubectl, run_kubectl
 
 pytestmark = [
     pytest.mark.skipif(not launcher.CLUSTER.is_file(), reason=f"no real control plane: {launcher.CLUSTER} is absent"),
@@ -34,10 +34,7 @@ SLICES = "example.com/gpu-slice"
 
 def _kubectl(kubeconfig: Path, *args: str, stdin: str | None = None,
              check: bool = True) -> subprocess.CompletedProcess[str]:
-    exe = kubectl()
-    assert exe is not None
-    done = subprocess.run([exe, "--kubeconfig", str(kubeconfig), *args], input=stdin, capture_output=True, text=True,
-                          timeout=60, check=False)
+    done = run_kubectl(kubeconfig, *args, stdin=stdin)
     if check and done.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)} failed:\n{done.stderr[-3000:]}")
     return done
