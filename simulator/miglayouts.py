@@ -47,7 +47,7 @@ def dynamic_products(mode: LayoutMode | None, config: Config | None) -> frozense
         return frozenset(p.name for p in PRODUCTS.values() if p.mig_capable)
     if mode == "static" or config is None:
         return frozenset()
-    return frozenset(name for name, entry in config.mig_layouts.items() if entry.dynamic)
+    return config.dynamic_mig_products()
 
 
 def physical_slices(inventories: Iterable[NodeInventory], dynamic: frozenset[str]) -> int:
